@@ -1,0 +1,1 @@
+"""Command groups of the `sinkflex-rl` CLI (one module each; imports stay light)."""
