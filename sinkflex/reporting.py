@@ -1,0 +1,199 @@
+"""Run reporting: metrics to JSON lines and TensorBoard, learning-curve plots, summaries.
+
+- `MetricsWriter` appends one JSON object per record to `<run_dir>/metrics.jsonl` and
+  mirrors scalars to TensorBoard (`<run_dir>/tb`), the formats verl/TRL users expect.
+- `mean_ci` and `pass_hat_k` are the validation statistics: mean@1 with a Student-t
+  confidence interval, and τ²-Bench's pass^k (Yao et al., τ-bench, eq. 1: the
+  probability that all k i.i.d. trials of a task succeed, estimated per task by
+  C(c, k) / C(n, k) and averaged over tasks).
+- `plot_learning_curves` writes PNGs (matplotlib, Agg backend); `summary_table` renders a
+  rich table for the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+JSONL_NAME = "metrics.jsonl"
+
+
+class MetricsWriter:
+    """Writes metric records to `<run_dir>/metrics.jsonl` and TensorBoard.
+
+    A record is `{"kind": str, "step": int, "time": float, <name>: float, ...}`; `kind`
+    ("train", "val", ...) prefixes the TensorBoard tag (`train/reward_mean`).
+    """
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / JSONL_NAME
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tb"))
+
+    def write(self, kind: str, step: int, metrics: Mapping[str, float]) -> dict:
+        record = {"kind": kind, "step": int(step), "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for name, value in metrics.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(f"{kind}/{name}", value, step)
+            self._tb.flush()
+        return record
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """All records of `<run_dir>/metrics.jsonl` (an empty list when there is none)."""
+    path = Path(run_dir) / JSONL_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean and a two-sided Student-t confidence interval, as (mean, low, high).
+
+    One value gives a zero-width interval; no values raise ValueError.
+    """
+    if len(values) == 0:
+        raise ValueError("mean_ci of no values")
+    from scipy import stats
+
+    n = len(values)
+    mean = float(sum(values) / n)
+    if n == 1:
+        return mean, mean, mean
+    sem = stats.sem(values)
+    if sem == 0 or not math.isfinite(sem):
+        return mean, mean, mean
+    half = float(sem * stats.t.ppf((1 + confidence) / 2, n - 1))
+    return mean, mean - half, mean + half
+
+
+def pass_hat_k(successes_per_task: Mapping[str, Sequence[bool]], k: int) -> float:
+    """τ²-Bench's pass^k: mean over tasks of C(c, k) / C(n, k).
+
+    Args:
+        successes_per_task: task id -> n trial outcomes (success = reward 1.0).
+        k: 1 <= k <= n for every task.
+
+    Raises:
+        ValueError: a task has fewer than k trials.
+    """
+    if not successes_per_task:
+        raise ValueError("pass^k of no tasks")
+    scores = []
+    for task_id, trials in successes_per_task.items():
+        n, c = len(trials), sum(bool(t) for t in trials)
+        if k < 1 or n < k:
+            raise ValueError(f"pass^{k} needs at least {k} trials of task {task_id}, got {n}")
+        scores.append(math.comb(c, k) / math.comb(n, k))
+    return sum(scores) / len(scores)
+
+
+def _series(records: Iterable[dict], kind: str, name: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[name]) for r in records if r.get("kind") == kind and name in r]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_learning_curves(records: list[dict], out_dir: str | Path) -> list[Path]:
+    """Writes the learning-curve PNGs of a run; returns their paths.
+
+    - `training_score.png`: mean trajectory reward of each training step's groups
+      (± one standard deviation), and the GRPO loss;
+    - `trajectory_reward.png`: every trajectory's reward against the step;
+    - `validation.png`: validation mean@1 with its confidence interval.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, (ax_r, ax_l) = plt.subplots(1, 2, figsize=(11, 4))
+    steps, mean = _series(records, "train", "reward_mean")
+    _, std = _series(records, "train", "reward_std")
+    if steps:
+        ax_r.plot(steps, mean, marker="o", label="reward mean")
+        if len(std) == len(mean):
+            ax_r.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2, label="± std")
+    ax_r.set(title="Training score", xlabel="policy version (step)", ylabel="trajectory reward", ylim=(-0.05, 1.05))
+    ax_r.legend(loc="best")
+    steps, loss = _series(records, "train", "loss")
+    if steps:
+        ax_l.plot(steps, loss, marker="o", color="tab:red")
+    ax_l.set(title="GRPO loss", xlabel="step", ylabel="loss")
+    fig.tight_layout()
+    written.append(out_dir / "training_score.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    pts = [(r["step"], r["reward"]) for r in records if r.get("kind") == "trajectory"]
+    if pts:
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], alpha=0.5, s=14)
+    ax.set(title="Trajectory reward", xlabel="step", ylabel="reward", ylim=(-0.05, 1.05))
+    fig.tight_layout()
+    written.append(out_dir / "trajectory_reward.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps, m = _series(records, "val", "mean_at_1")
+    _, lo = _series(records, "val", "ci_low")
+    _, hi = _series(records, "val", "ci_high")
+    if steps:
+        ax.plot(steps, m, marker="o", label="mean@1")
+        if len(lo) == len(m) == len(hi):
+            ax.fill_between(steps, lo, hi, alpha=0.2, label="95% CI")
+        ax.legend(loc="best")
+    ax.set(title="Validation mean@1", xlabel="step", ylabel="reward", ylim=(-0.05, 1.05))
+    fig.tight_layout()
+    written.append(out_dir / "validation.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+    return written
+
+
+def summary_table(records: list[dict], title: str = "SinkFlex-RL run"):
+    """A rich Table of the training and validation records, one row per step."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    cols = [
+        ("step", "train", "step"),
+        ("reward mean", "train", "reward_mean"),
+        ("loss", "train", "loss"),
+        ("kl", "train", "kl"),
+        ("clip frac", "train", "clip_fraction"),
+        ("tokens/s", "train", "tokens_per_s"),
+        ("groups", "train", "groups"),
+    ]
+    for header, _, _ in cols:
+        table.add_column(header, justify="right")
+    table.add_column("val mean@1 [95% CI]", justify="right")
+    val = {r["step"]: r for r in records if r.get("kind") == "val"}
+    for r in [r for r in records if r.get("kind") == "train"]:
+        cells = []
+        for _, _, name in cols:
+            v = r.get(name)
+            cells.append("-" if v is None else (f"{int(v)}" if name in ("step", "groups") else f"{v:.4g}"))
+        v = val.get(r["step"])
+        cells.append("-" if v is None else f"{v['mean_at_1']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]")
+        table.add_row(*cells)
+    return table
