@@ -14,11 +14,13 @@ import signal
 import threading
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from sinkflex.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,13 @@ class ServiceServer:
         servicer.load()             # load domains / model ...
         server.set_serving()        # health: SERVING
         server.wait()               # until SIGTERM / SIGINT / stop()
+
+    With `metrics_port` set, `start()` also serves Prometheus metrics on
+    `host:metrics_port` (`sinkflex.metrics`): every RPC is counted by method and status
+    code with its latency, and the service sets its own gauges through `server.metrics`
+    (`set_sessions`, `set_queue_lag`, `tokens(kind).add(n)`). `metrics_service` is the
+    `sinkflex_service` label (default: from the first service name, "EnvService" -> "env").
+    `interceptors` are extra `grpc.ServerInterceptor`s, run after the metrics one.
     """
 
     port: int
@@ -83,12 +92,23 @@ class ServiceServer:
     max_workers: int = 32
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_seconds: float = 10.0
+    metrics_port: int | None = None
+    metrics_service: str | None = None
+    interceptors: Sequence[grpc.ServerInterceptor] = ()
 
     def __post_init__(self) -> None:
         self.service_names = list(self.service_names)
+        if self.metrics_service is None:
+            first = self.service_names[0].rpartition(".")[2] if self.service_names else "sinkflex"
+            self.metrics_service = first.removesuffix("Service").lower() or first.lower()
+        self.metrics = ServiceMetrics(self.metrics_service)
+        interceptors = list(self.interceptors)
+        if self.metrics_port is not None:
+            interceptors.insert(0, self.metrics.interceptor())
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers),
             options=channel_options(self.max_message_bytes),
+            interceptors=interceptors or None,
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -96,6 +116,7 @@ class ServiceServer:
         reflection.enable_server_reflection(names, self.server)
         self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
         self._stopped = threading.Event()
+        self._metrics_server: MetricsServer | None = None
         self._on_stop: list[Callable[[], None]] = []
 
     def _set_all(self, status: int) -> None:
@@ -108,6 +129,10 @@ class ServiceServer:
         if bound == 0:
             raise OSError(f"could not bind {self.host}:{self.port}")
         self.port = bound
+        if self.metrics_port is not None:
+            self._metrics_server = start_metrics_server(self.metrics_port, self.host)
+            self.metrics_port = self._metrics_server.port
+            log.info("Prometheus metrics on http://%s:%d/metrics", self.host, self.metrics_port)
         self.server.start()
         log.info("listening on %s:%d (%s)", self.host, bound, ", ".join(self.service_names))
         return bound
@@ -125,6 +150,8 @@ class ServiceServer:
             return
         self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(self.grace_seconds).wait()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
         for fn in self._on_stop:
             try:
                 fn()
