@@ -1,0 +1,67 @@
+"""`python -m reward_service --host H --port P [--judge-model M --judge-base-url URL]`.
+
+Flags override the fields of an optional YAML config (`--config`, a `RewardServiceConfig`).
+The judge's API key may also come from the environment variable SINKFLEX_JUDGE_API_KEY.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not try the network
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command()
+def main(
+    host: Optional[str] = typer.Option(None, help="address to bind [default: 127.0.0.1]"),
+    port: Optional[int] = typer.Option(None, help="gRPC port, 0 for any [default: 50052]"),
+    metrics_port: Optional[int] = typer.Option(None, help="Prometheus port [default: 9092]"),
+    no_metrics: bool = typer.Option(False, "--no-metrics", help="do not serve Prometheus metrics"),
+    max_message_bytes: Optional[int] = typer.Option(None, help="gRPC message-size limit, bytes [default: 64 MiB]"),
+    preload_env: Optional[list[str]] = typer.Option(None, help="env whose tasks load before SERVING (repeatable)"),
+    judge_model: Optional[str] = typer.Option(None, help="NL-assertion judge model name (enables NL_ASSERTION)"),
+    judge_base_url: Optional[str] = typer.Option(None, help="judge's OpenAI-compatible base URL, e.g. http://h:8000/v1"),
+    judge_api_key: Optional[str] = typer.Option(None, envvar="SINKFLEX_JUDGE_API_KEY", help="judge's API key"),
+    config: Optional[Path] = typer.Option(None, help="YAML RewardServiceConfig; flags override it"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Serves tau2-Bench's reward checker (Score, ScoreBatch) over gRPC until SIGTERM."""
+    from reward_service.config import RewardServiceConfig
+    from sinkflex.config import ConfigError, load_config, validate_config
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        base = load_config(config, RewardServiceConfig).model_dump() if config else {}
+        flags = {"host": host, "port": port, "metrics_port": metrics_port, "max_message_bytes": max_message_bytes}
+        base.update({k: v for k, v in flags.items() if v is not None})
+        if no_metrics:
+            base["metrics_port"] = None
+        if preload_env:
+            base["preload_envs"] = list(preload_env)
+        judge = dict(base.get("judge") or {})
+        for key, value in (("model", judge_model), ("base_url", judge_base_url), ("api_key", judge_api_key)):
+            if value is not None:
+                judge[key] = value
+        if judge.get("model"):  # an API key alone (e.g. from the environment) enables no judge
+            base["judge"] = judge
+        cfg = validate_config(base, RewardServiceConfig, source="flags")
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from None
+
+    from reward_service.server import serve
+
+    serve(cfg)
+
+
+if __name__ == "__main__":
+    app()

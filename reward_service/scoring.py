@@ -1,0 +1,403 @@
+"""Scores a trajectory with tau2-Bench's own checker and returns a per-check breakdown.
+
+The reward is exactly what tau2's `evaluate_simulation` (tau2/evaluator/evaluator.py)
+returns for the same simulation: the wire messages are converted to tau2 messages
+(`env_service.convert`, the same conversion the env service uses), wrapped in a tau2
+`SimulationRun` with the termination reason, and handed to `evaluate_simulation`. No check
+is re-implemented here: the DB check (replay of the trajectory's tool calls on a fresh
+environment vs. the golden actions), ENV_ASSERTION, ACTION, COMMUNICATE and the
+NL-assertion judge are tau2's. What this module adds:
+
+- request validation: unknown env or task -> NOT_FOUND; empty names, an unspecified
+  termination reason, or messages that are not a conversation (a tool message that
+  answers no pending call, answers out of order, or a turn taken while tool calls are
+  still unanswered) -> INVALID_ARGUMENT. Unanswered tool calls are allowed only at the
+  very end (an episode cut right after a tool call).
+- termination reasons tau2 does not know (the rollout worker's MAX_TURNS,
+  MAX_CONTEXT_TOKENS, INFRASTRUCTURE_ERROR) score 0.0 with tau2's own premature-termination
+  note; tau2 scores every reason but agent/user stop that way.
+- untrusted model output never raises: a trajectory that tau2 cannot evaluate (e.g. the
+  replay of its tool calls fails, or a stop right after an unanswered tool call) scores
+  0.0 with the reason, as tau2's `skip_failed_samples` does.
+- NL_ASSERTION: evaluated with `EvaluationType.ALL_WITH_NL_ASSERTIONS` through tau2's
+  judge prompt, sent to the configured OpenAI-compatible endpoint. Without a judge the
+  request fails with FAILED_PRECONDITION; a judge that fails or answers garbage gives
+  UNAVAILABLE (an infrastructure fault, not the policy's).
+- the breakdown: one `RewardComponent` per check in tau2's `reward_breakdown`, with tau2's
+  check records (db_check, action_checks, communicate_checks, ...) as `details_json`.
+
+Deterministic: tau2's checks are pure functions of (task, messages, termination reason);
+JSON is written with sorted keys. Only a judge LLM can add non-determinism (temperature 0
+and a fixed seed are the defaults).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from typing import Iterator, Sequence
+
+import grpc
+
+from reward_service.config import JudgeConfig
+from sinkflex.api.common.v1 import common_pb2
+from sinkflex.api.reward.v1 import reward_pb2
+from sinkflex.errors import ServiceError, failed_precondition, invalid_argument, not_found
+
+#: Longest reason text put into a breakdown's `info` (tau2 replay errors quote whole tool outputs).
+MAX_REASON_CHARS = 2000
+
+#: Wire termination reason -> tau2 `TerminationReason` value.
+TAU2_TERMINATION = {
+    common_pb2.TERMINATION_REASON_AGENT_STOP: "agent_stop",
+    common_pb2.TERMINATION_REASON_USER_STOP: "user_stop",
+    common_pb2.TERMINATION_REASON_MAX_STEPS: "max_steps",
+    common_pb2.TERMINATION_REASON_TOO_MANY_ERRORS: "too_many_errors",
+    common_pb2.TERMINATION_REASON_AGENT_ERROR: "agent_error",
+    common_pb2.TERMINATION_REASON_USER_ERROR: "user_error",
+}
+#: Rollout-worker reasons tau2 has no name for: premature, like every non-stop reason in tau2.
+OWN_TERMINATION = {
+    common_pb2.TERMINATION_REASON_MAX_TURNS: "max_turns",
+    common_pb2.TERMINATION_REASON_MAX_CONTEXT_TOKENS: "max_context_tokens",
+    common_pb2.TERMINATION_REASON_INFRASTRUCTURE_ERROR: "infrastructure_error",
+}
+
+#: tau2 RewardType value -> wire RewardType, in the order components are listed.
+REWARD_TYPES = {
+    "DB": common_pb2.REWARD_TYPE_DB,
+    "ENV_ASSERTION": common_pb2.REWARD_TYPE_ENV_ASSERTION,
+    "ACTION": common_pb2.REWARD_TYPE_ACTION,
+    "COMMUNICATE": common_pb2.REWARD_TYPE_COMMUNICATE,
+    "NL_ASSERTION": common_pb2.REWARD_TYPE_NL_ASSERTION,
+}
+#: tau2 RewardInfo field with the check records of each reward type, and its `info` key.
+_DETAILS = {
+    "DB": ("db_check", "env"),
+    "ENV_ASSERTION": ("env_assertions", "env"),
+    "ACTION": ("action_checks", "action"),
+    "COMMUNICATE": ("communicate_checks", "communicate"),
+    "NL_ASSERTION": ("nl_assertions", "nl"),
+}
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+class TaskCatalog:
+    """tau2 tasks by (env, task id), loaded from tau2's registry on first use (thread-safe).
+
+    `env` is a tau2 domain with a task set of the same name (mock, airline, retail,
+    telecom, telecom-workflow). Every task of the domain is loaded, all splits together.
+    `extra` adds tasks that are not in tau2's data (tests use it for an NL_ASSERTION basis).
+    """
+
+    def __init__(self, extra: dict[str, list] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._tasks: dict[str, dict] = {}
+        self._extra = {env: list(tasks) for env, tasks in (extra or {}).items()}
+
+    def envs(self) -> list[str]:
+        from tau2.registry import registry
+
+        known = set(registry.get_domains()) & set(registry.get_task_sets())
+        return sorted(known | set(self._extra))
+
+    def tasks(self, env: str) -> dict:
+        """All tasks of `env` by id. Raises ServiceError NOT_FOUND for an unknown env."""
+        with self._lock:
+            if env in self._tasks:
+                return self._tasks[env]
+            from tau2.registry import registry
+
+            envs = self.envs()
+            if env not in envs:
+                raise not_found(f"unknown env {env!r}; known envs: {', '.join(envs)}")
+            tasks = []
+            if env in registry.get_task_sets():
+                loader = registry.get_tasks_loader(env)
+                try:
+                    tasks = loader(None)  # every split
+                except TypeError:
+                    tasks = loader()
+            by_id = {t.id: t for t in tasks}
+            by_id.update({t.id: t for t in self._extra.get(env, [])})
+            self._tasks[env] = by_id
+            return by_id
+
+    def get(self, env: str, task_id: str):
+        """The tau2 `Task`. Raises ServiceError NOT_FOUND for an unknown env or task."""
+        tasks = self.tasks(env)
+        if task_id not in tasks:
+            raise not_found(f"unknown task {task_id!r} in env {env!r} ({len(tasks)} tasks)")
+        return tasks[task_id]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def check_conversation(messages: Sequence[common_pb2.Message]) -> list[str]:
+    """Checks that `messages` form a conversation; returns the ids of trailing unanswered tool calls.
+
+    Every tool message must answer the oldest pending tool call (same id), and no other
+    message may come while tool calls are pending (tau2's `Environment.set_state` replays
+    the trajectory in exactly this order). Calls still pending at the end are returned.
+
+    Raises:
+        ServiceError INVALID_ARGUMENT: naming the index of the first bad message.
+    """
+    pending: list[str] = []
+    for i, m in enumerate(messages):
+        if m.role not in (common_pb2.ROLE_SYSTEM, common_pb2.ROLE_USER, common_pb2.ROLE_ASSISTANT, common_pb2.ROLE_TOOL):
+            raise invalid_argument(f"messages[{i}]: role {m.role} is not a valid role (ROLE_UNSPECIFIED or unknown)")
+        if m.role == common_pb2.ROLE_TOOL:
+            if m.tool_calls:
+                raise invalid_argument(f"messages[{i}]: a tool message cannot make tool calls")
+            if not pending:
+                raise invalid_argument(
+                    f"messages[{i}]: tool message (tool_call_id={m.tool_call_id!r}) answers no pending tool call"
+                )
+            if m.tool_call_id != pending[0]:
+                raise invalid_argument(
+                    f"messages[{i}]: tool message answers {m.tool_call_id!r}, but the next pending tool call is {pending[0]!r}"
+                )
+            pending.pop(0)
+            continue
+        if pending:
+            raise invalid_argument(
+                f"messages[{i}]: a {common_pb2.Role.Name(m.role)} message comes while tool calls {pending} are unanswered"
+            )
+        if m.tool_calls and m.role == common_pb2.ROLE_SYSTEM:
+            raise invalid_argument(f"messages[{i}]: a system message cannot make tool calls")
+        for j, call in enumerate(m.tool_calls):
+            if not call.name:
+                raise invalid_argument(f"messages[{i}].tool_calls[{j}]: empty tool name")
+        pending = [c.id for c in m.tool_calls]
+    return pending
+
+
+def to_tau2(messages: Sequence[common_pb2.Message]) -> list:
+    """tau2 messages of wire messages (`env_service.convert.to_tau2_messages`).
+
+    System messages are dropped: tau2's `SimulationRun.messages` never holds the agent's
+    system prompt, and its NL judge would otherwise read it as part of the conversation.
+
+    Raises:
+        ServiceError INVALID_ARGUMENT: a message the conversion refuses (e.g. a bad requestor).
+    """
+    from env_service.convert import to_tau2_messages
+
+    try:
+        return to_tau2_messages(messages, include_system=False)
+    except ValueError as err:
+        raise invalid_argument(f"messages: {err}") from None
+
+
+# --------------------------------------------------------------------------- judge
+
+_judge_local = threading.local()
+_judge_install_lock = threading.Lock()
+
+
+def _install_judge_hook() -> None:
+    """Routes tau2's NL-assertion `generate` call to this thread's judge (once per process).
+
+    tau2's `NLAssertionsEvaluator` calls `generate(model=DEFAULT_LLM_NL_ASSERTIONS, ...)`
+    from module globals; the hook replaces only the model and litellm arguments, keeping
+    tau2's prompt and parsing. Threads with no judge bound get tau2's call unchanged.
+    """
+    from tau2.evaluator import evaluator_nl_assertions as nl
+
+    with _judge_install_lock:
+        if getattr(nl.generate, "_sinkflex_hook", False):
+            return
+        original = nl.generate
+
+        def generate(model, messages, **kwargs):
+            judge: JudgeConfig | None = getattr(_judge_local, "judge", None)
+            if judge is None:
+                return original(model=model, messages=messages, **kwargs)
+            return original(model=judge.litellm_model(), messages=messages, **judge.litellm_kwargs())
+
+        generate._sinkflex_hook = True  # type: ignore[attr-defined]
+        nl.generate = generate
+
+
+@contextlib.contextmanager
+def _judge_bound(judge: JudgeConfig) -> Iterator[None]:
+    _install_judge_hook()
+    _judge_local.judge = judge
+    try:
+        yield
+    finally:
+        _judge_local.judge = None
+
+
+def _raised_in_judge(err: BaseException) -> bool:
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith("evaluator_nl_assertions.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+# --------------------------------------------------------------------------- breakdown
+
+
+def _reason(text: str) -> str:
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 15] + " ...[truncated]"
+
+
+def _jsonable(value):
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return value
+
+
+def _info_text(info: dict | None) -> str:
+    """tau2's `RewardInfo.info` as text: the note itself, or JSON of the non-empty parts."""
+    if not info:
+        return ""
+    if set(info) == {"note"}:
+        return str(info["note"])
+    kept = {k: v for k, v in info.items() if v is not None}
+    return json.dumps(kept, sort_keys=True, default=str) if kept else ""
+
+
+def to_breakdown(reward_info) -> common_pb2.RewardBreakdown:
+    """Wire `RewardBreakdown` of a tau2 `RewardInfo`.
+
+    reward = tau2's reward; reward_basis = tau2's basis (empty when no check ran); one
+    component per entry of tau2's `reward_breakdown` with the check records as details_json.
+    """
+    out = common_pb2.RewardBreakdown(reward=float(reward_info.reward), info=_info_text(reward_info.info))
+    for t in reward_info.reward_basis or []:
+        out.reward_basis.append(REWARD_TYPES[t.value])
+    breakdown = {k.value if hasattr(k, "value") else k: v for k, v in (reward_info.reward_breakdown or {}).items()}
+    sub_info = reward_info.info or {}
+    for name, wire in REWARD_TYPES.items():
+        if name not in breakdown:
+            continue
+        field, info_key = _DETAILS[name]
+        details = {field: _jsonable(getattr(reward_info, field))}
+        if isinstance(sub_info.get(info_key), dict):
+            details["info"] = sub_info[info_key]
+        out.components.append(
+            common_pb2.RewardComponent(
+                type=wire, reward=float(breakdown[name]), details_json=json.dumps(details, sort_keys=True, default=str)
+            )
+        )
+    return out
+
+
+def _zero(task, reason: str) -> common_pb2.RewardBreakdown:
+    out = common_pb2.RewardBreakdown(reward=0.0, info=_reason(reason))
+    if task is not None and task.evaluation_criteria is not None:
+        out.reward_basis.extend(REWARD_TYPES[t.value] for t in task.evaluation_criteria.reward_basis)
+    return out
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def needs_judge(task) -> bool:
+    """True when the task's reward basis contains NL_ASSERTION."""
+    crit = task.evaluation_criteria
+    return crit is not None and any(t.value == "NL_ASSERTION" for t in crit.reward_basis)
+
+
+def build_simulation(task_id: str, tau2_messages: list, termination: str):
+    """A tau2 `SimulationRun` of a trajectory, with fixed id/times (evaluation reads neither)."""
+    from tau2.data_model.simulation import SimulationRun, TerminationReason
+
+    return SimulationRun(
+        id=f"sinkflex-{task_id}",
+        task_id=task_id,
+        timestamp="",
+        start_time="",
+        end_time="",
+        duration=0.0,
+        termination_reason=TerminationReason(termination),
+        messages=tau2_messages,
+    )
+
+
+def score(
+    request: reward_pb2.ScoreRequest,
+    catalog: TaskCatalog,
+    judge: JudgeConfig | None = None,
+    solo_mode: bool = False,
+) -> common_pb2.RewardBreakdown:
+    """Scores one trajectory with tau2's `evaluate_simulation`; see the module docstring.
+
+    Returns:
+        The breakdown; `reward` in [0, 1].
+    Raises:
+        ServiceError: NOT_FOUND (env/task), INVALID_ARGUMENT (request/conversation),
+        FAILED_PRECONDITION (NL_ASSERTION basis without a judge), UNAVAILABLE (judge failed).
+    """
+    if not request.env:
+        raise invalid_argument("env is empty")
+    if not request.task_id:
+        raise invalid_argument("task_id is empty")
+    reason = request.termination_reason
+    if reason not in TAU2_TERMINATION and reason not in OWN_TERMINATION:
+        raise invalid_argument(
+            f"termination_reason {reason} is not set or unknown; say why the episode ended"
+        )
+    task = catalog.get(request.env, request.task_id)
+    if needs_judge(task) and judge is None:
+        raise failed_precondition(
+            f"task {request.task_id!r} of env {request.env!r} has NL_ASSERTION in its reward basis, "
+            "but no NL-assertion judge LLM is configured (start the service with --judge-model/--judge-base-url)"
+        )
+    check_conversation(request.messages)
+    tau2_messages = to_tau2(request.messages)
+
+    if reason in OWN_TERMINATION:  # tau2's rule for every reason but agent/user stop
+        return _zero(None, f"Simulation terminated prematurely. Termination reason: {OWN_TERMINATION[reason]}")
+
+    from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
+    simulation = build_simulation(request.task_id, tau2_messages, TAU2_TERMINATION[reason])
+    evaluation = EvaluationType.ALL_WITH_NL_ASSERTIONS if needs_judge(task) else EvaluationType.ALL
+    ctx = _judge_bound(judge) if judge is not None else contextlib.nullcontext()
+    try:
+        with ctx:
+            info = evaluate_simulation(
+                simulation=simulation, task=task, evaluation_type=evaluation, solo_mode=solo_mode, domain=request.env
+            )
+    except ServiceError:
+        raise
+    except Exception as err:  # noqa: BLE001 - untrusted trajectories must not crash the service
+        if _raised_in_judge(err):
+            raise ServiceError(
+                grpc.StatusCode.UNAVAILABLE, _reason(f"NL-assertion judge failed: {type(err).__name__}: {err}")
+            ) from None
+        return _zero(task, f"tau2 could not evaluate the trajectory: {type(err).__name__}: {err}")
+    return to_breakdown(info)
+
+
+def batch_item(
+    request: reward_pb2.ScoreRequest,
+    catalog: TaskCatalog,
+    judge: JudgeConfig | None = None,
+    solo_mode: bool = False,
+) -> reward_pb2.ScoreBatchItem:
+    """One item of ScoreBatch: `score`, with any failure reported on the item (reward 0.0), never raised."""
+    try:
+        return reward_pb2.ScoreBatchItem(breakdown=score(request, catalog, judge, solo_mode))
+    except ServiceError as err:
+        code, message = err.code, err.message
+    except Exception as err:  # noqa: BLE001 - one bad item must not fail the batch
+        code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
+    message = _reason(message)
+    return reward_pb2.ScoreBatchItem(
+        breakdown=common_pb2.RewardBreakdown(reward=0.0, info=message), error=message, error_code=code.value[0]
+    )
