@@ -58,6 +58,9 @@ def config_from_args(args: argparse.Namespace):
 def main(argv=None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from env_service.logs import quiet_tau2_logs
+
+    quiet_tau2_logs("DEBUG" if args.log_level.upper() == "DEBUG" else "WARNING")
     config = config_from_args(args)
     from env_service.server import build_server
 

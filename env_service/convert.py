@@ -25,7 +25,8 @@ evaluator does not read them).
 
 Arguments that are not a JSON object (malformed JSON, a list, a number) are
 kept, not rejected: they become tau2 arguments `{RAW_ARGUMENTS_KEY: "<the text>"}`.
-Calling a tau2 tool with that keyword fails with tau2's own error message, so the
+Calling a tau2 tool with that keyword fails with tau2's own error message ("...got an
+unexpected keyword argument 'arguments_not_a_json_object'"), so the
 env service answers such a call with a tool error observation (the episode goes on,
 as in tau2) and tau2's evaluator, replaying the trajectory, gets the same error and the
 same DB. `from_tau2_message` turns that form back into the original text.
@@ -48,7 +49,7 @@ from tau2.data_model.message import (
 )
 
 #: tau2 argument key that carries tool-call arguments that are not a JSON object.
-RAW_ARGUMENTS_KEY = "__sinkflex_raw_arguments__"
+RAW_ARGUMENTS_KEY = "arguments_not_a_json_object"
 
 #: A tau2 message (tau2.data_model.message.Message without MultiToolMessage).
 Tau2Message = SystemMessage | UserMessage | AssistantMessage | ToolMessage
