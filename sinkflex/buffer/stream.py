@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from sinkflex.api.common.v1 import common_pb2
@@ -187,7 +189,10 @@ class TrajectoryBuffer:
         self.trained_key = f"{stream}:trained"
         self.dead_letter_stream = f"{stream}:dead"
         try:
-            self._redis = redis.Redis.from_url(self.url, socket_connect_timeout=5, health_check_interval=30)
+            # tenacity (`_call`) is the only retry policy: redis-py's own retries are off.
+            self._redis = redis.Redis.from_url(
+                self.url, socket_connect_timeout=5, health_check_interval=30, retry=Retry(NoBackoff(), 0)
+            )
         except ValueError as err:
             raise ValueError(f"bad Redis URL {redacted(self.url)!r}: {err}") from err
         self._put_script = self._redis.register_script(_PUT_LUA)
