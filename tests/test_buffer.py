@@ -153,6 +153,22 @@ def test_redelivered_trained_group_is_skipped(buf, redis_url, unique_stream):
     restarted.close()
 
 
+def test_touch_keeps_a_slow_consumers_groups_until_it_stops(buf):
+    buf.put(make_group("g-slow"), timeout=5)
+    [entry] = buf.read("learner-slow", block_ms=200)
+    for _ in range(4):  # a step of ~2x claim_idle_ms, touched every half timeout
+        time.sleep(CLAIM_MS / 2000)
+        assert buf.touch("learner-slow", [entry]) == [True]
+        assert buf.read("learner-other", block_ms=0) == []
+    time.sleep(CLAIM_MS / 1000 + 0.05)  # stopped touching: reclaimed by the other consumer
+    [again] = buf.read("learner-other", block_ms=200)
+    assert (again.entry_id, again.deliveries) == (entry.entry_id, 2)
+    assert buf.touch("learner-slow", [entry]) == [False]  # drop it: it is not ours any more
+    assert buf.touch("learner-other", [again]) == [True]
+    buf.ack([again])
+    assert buf.touch("learner-other", [again]) == [False]
+
+
 def test_two_copies_of_a_group_id_in_one_read_train_once(buf, unique_stream):
     buf.put(make_group("g-x"), timeout=5)
     # A second copy written around put()'s idempotency (e.g. after its key expired).
@@ -187,6 +203,18 @@ def test_malformed_payload_goes_to_dead_letter_and_never_blocks(buf, unique_stre
     assert [p["message_id"].decode() for p in pending] == [good_id]
 
 
+def test_pending_entry_deleted_from_the_stream_is_dead_lettered(buf, unique_stream):
+    lost_id = buf.put(make_group("g-lost"), timeout=5)
+    assert len(buf.read("learner-dead", block_ms=100)) == 1
+    buf._redis.xdel(unique_stream, lost_id)  # someone deletes it by hand before the ack
+    time.sleep(CLAIM_MS / 1000 + 0.05)
+    assert buf.read("learner-1", block_ms=300) == []
+    [dead] = buf.dead_letters()
+    assert dead["source_id"] == lost_id and "payload lost" in dead["reason"]
+    stats = buf.stats()
+    assert (stats.pending, stats.unconsumed, stats.dead_letters) == (0, 0, 1)
+
+
 def test_two_consumers_never_get_the_same_new_entry(redis_url, unique_stream):
     n = 40
     producer = TrajectoryBuffer(redis_url, stream=unique_stream, max_pending_groups=n, maxlen=2 * n)
@@ -218,6 +246,18 @@ def test_two_consumers_never_get_the_same_new_entry(redis_url, unique_stream):
     assert (stats.unconsumed, stats.pending, stats.trained, stats.consumers) == (0, 0, n, 2)
     producer.delete()
     producer.close()
+
+
+def test_stream_deleted_under_the_buffer_is_recreated(buf, unique_stream):
+    for i in range(4):
+        buf.put(make_group(f"g-gone{i}"), timeout=5)
+    buf._redis.delete(unique_stream)  # e.g. an external Redis restarted without persistence
+    stats = buf.stats()
+    assert (stats.stream_length, stats.unconsumed) == (0, 0)  # no phantom backpressure
+    buf._redis.delete(unique_stream)
+    assert buf.read("learner-0", block_ms=50) == []
+    entry_id = buf.put(make_group("g-after"), timeout=5)
+    assert [e.entry_id for e in buf.read("learner-0", block_ms=200)] == [entry_id]
 
 
 def test_stats_report_queue_lag_and_age(buf):

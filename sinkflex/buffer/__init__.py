@@ -41,7 +41,10 @@ Failure cases:
 - A consumer dies before `ack`: its groups are redelivered after `claim_idle_ms`.
 - A consumer is slower than `claim_idle_ms` (it is alive but its step takes longer): its
   groups are redelivered to another consumer and may be trained twice. Set
-  `claim_idle_ms` above the longest read-to-ack time (default 5 minutes).
+  `claim_idle_ms` above the longest read-to-ack time (default 5 minutes), or call
+  `touch(consumer, entries)` more often than that: it keeps the entries with their
+  consumer and says which are still owned, so reclaimed ones can be dropped before the
+  optimiser step.
 - The learner crashes after its optimiser step and before `ack`: redelivered; dropped
   thanks to `mark_trained(checkpoint ids)`; without that call, trained a second time.
 - A malformed entry (wrong ``type``, undecodable ``data``, empty or mismatched group id,

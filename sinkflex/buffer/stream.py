@@ -19,6 +19,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.buffer.embedded import redacted, resolve_redis_url
+from sinkflex.buffer.lua import PUT_LUA, TOUCH_LUA
 
 log = logging.getLogger(__name__)
 
@@ -26,52 +27,6 @@ T = TypeVar("T")
 
 # The `type` field of every entry: the protobuf full name of the payload.
 PAYLOAD_TYPE = common_pb2.TrajectoryGroup.DESCRIPTOR.full_name
-
-# Atomic producer step (KEYS: stream, unconsumed set, put key; ARGV: type, group id,
-# payload, max_pending_groups, maxlen, put-key ttl s). Returns {1, entry id} or {0, reason}.
-# The length cap only ever trims entries older than the oldest unconsumed one (XTRIM
-# MINID), i.e. acknowledged entries; when that is not enough the put waits like backpressure.
-_PUT_LUA = """
-local existing = redis.call('GET', KEYS[3])
-if existing then return {1, existing} end
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function older(a, b)
-  local am, as = parse(a)
-  local bm, bs = parse(b)
-  if am ~= bm then return am < bm end
-  return as < bs
-end
-local max_pending = tonumber(ARGV[4])
-local maxlen = tonumber(ARGV[5])
-local unconsumed = redis.call('SCARD', KEYS[2])
-if unconsumed >= max_pending then
-  return {0, 'unconsumed groups ' .. unconsumed .. ' >= max_pending_groups ' .. max_pending}
-end
-if redis.call('XLEN', KEYS[1]) >= maxlen then
-  local oldest = nil
-  for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-    if oldest == nil or older(id, oldest) then oldest = id end
-  end
-  if oldest then
-    redis.call('XTRIM', KEYS[1], 'MINID', oldest)
-  else
-    redis.call('XTRIM', KEYS[1], 'MAXLEN', maxlen - 1)
-  end
-  local len = redis.call('XLEN', KEYS[1])
-  if len >= maxlen then
-    return {0, 'stream length ' .. len .. ' >= maxlen ' .. maxlen ..
-      ' and the oldest entry not yet acknowledged is ' .. oldest}
-  end
-end
-local id = redis.call('XADD', KEYS[1], '*', 'type', ARGV[1], 'group_id', ARGV[2], 'data', ARGV[3])
-redis.call('SADD', KEYS[2], id)
-redis.call('SET', KEYS[3], id, 'EX', tonumber(ARGV[6]))
-return {1, id}
-"""
-
 
 class BufferConnectionError(ConnectionError):
     """Redis could not be reached after the bounded retries; the message names the URL."""
@@ -195,13 +150,29 @@ class TrajectoryBuffer:
             )
         except ValueError as err:
             raise ValueError(f"bad Redis URL {redacted(self.url)!r}: {err}") from err
-        self._put_script = self._redis.register_script(_PUT_LUA)
-        self._call(self._create_group)
+        self._put_script = self._redis.register_script(PUT_LUA)
+        self._touch_script = self._redis.register_script(TOUCH_LUA)
+        self._call_retrying(self._create_group)
 
     # -- plumbing --------------------------------------------------------------------
 
     def _call(self, fn: Callable[..., T], *args, **kwargs) -> T:
-        """Runs `fn` retrying connection errors (bounded), then raises BufferConnectionError."""
+        """Runs `fn` retrying connection errors (bounded), then raises BufferConnectionError.
+
+        A stream or consumer group that vanished (a Redis restarted without persistence, a
+        manual DEL) is recreated once, with a logged error, and the call retried.
+        """
+        try:
+            return self._call_retrying(fn, *args, **kwargs)
+        except redis.ResponseError as err:
+            if "NOGROUP" not in str(err) and "no such key" not in str(err):
+                raise
+            log.error("stream %r or consumer group %r is missing (%s): recreating it", self.stream,
+                      self.consumer_group, err)
+            self._call_retrying(self._recreate)
+            return self._call_retrying(fn, *args, **kwargs)
+
+    def _call_retrying(self, fn: Callable[..., T], *args, **kwargs) -> T:
         try:
             for attempt in Retrying(
                 stop=stop_after_attempt(self.retry_attempts),
@@ -225,6 +196,13 @@ class TrajectoryBuffer:
         except redis.ResponseError as err:
             if "BUSYGROUP" not in str(err):
                 raise
+
+    def _recreate(self) -> None:
+        if not self._redis.exists(self.stream):
+            # Its entries went with it: none can be consumed, and a re-put must add them again.
+            put_keys = list(self._redis.scan_iter(match=f"{self.stream}:put:*", count=1000))
+            self._redis.delete(self.unconsumed_key, *put_keys)
+        self._create_group()
 
     def close(self) -> None:
         """Closes the connection pool (the embedded server keeps running)."""
@@ -323,14 +301,32 @@ class TrajectoryBuffer:
             )
             start, claimed = _s(reply[0]), reply[1]
             for entry_id, fields in claimed:
+                if entry_id is None:  # Redis 6.2: a pending entry deleted from the stream (no id)
+                    continue
                 entry_id = _s(entry_id)
                 info = self._redis.xpending_range(self.stream, self.consumer_group, entry_id, entry_id, 1)
                 deliveries = int(info[0]["times_delivered"]) if info else 0
                 out.append((entry_id, fields, deliveries))
+            if any(entry_id is None for entry_id, _ in claimed):
+                out += self._deleted_pending(consumer, exclude={e[0] for e in out})
             if start == "0-0":
                 break
         if out:
             log.warning("consumer %r reclaimed %d idle entries: %s", consumer, len(out), [e[0] for e in out])
+        return out
+
+    def _deleted_pending(self, consumer: str, exclude: set[str]) -> list[tuple[str, None, int]]:
+        """Entries pending for `consumer` whose payload was deleted (XDEL) from the stream.
+
+        Redis 6.2's XAUTOCLAIM returns such entries without their id; they are found here by
+        id so that `_accept` can dead-letter and acknowledge them instead of reclaiming a
+        nameless entry forever.
+        """
+        out: list[tuple[str, None, int]] = []
+        for p in self._redis.xpending_range(self.stream, self.consumer_group, "-", "+", 10_000, consumername=consumer):
+            entry_id = _s(p["message_id"])
+            if entry_id not in exclude and not self._redis.xrange(self.stream, entry_id, entry_id):
+                out.append((entry_id, None, int(p["times_delivered"])))
         return out
 
     def _read_new(self, consumer: str, count: int, block: int | None) -> list[tuple[str, dict | None, int]]:
@@ -405,6 +401,23 @@ class TrajectoryBuffer:
             return int(pipe.execute()[0])
 
         return self._call(run)
+
+    def touch(self, consumer: str, entries: Sequence[BufferEntry]) -> list[bool]:
+        """Tells the buffer `consumer` is still working on `entries`; returns which it still owns.
+
+        Resets the idle time of each entry still pending for `consumer`, so a step longer
+        than `claim_idle_ms` keeps its groups if it touches them more often than that. An
+        entry reported False was reclaimed by another consumer (or acknowledged): drop it
+        from the batch before the optimiser step, or it may be trained twice.
+        """
+        if not entries:
+            return []
+        flags = self._call(
+            self._touch_script,
+            keys=[self.stream],
+            args=[self.consumer_group, consumer, *[e.entry_id for e in entries]],
+        )
+        return [bool(f) for f in flags]
 
     def mark_trained(self, group_ids: Iterable[str]) -> None:
         """Records group ids as trained (e.g. from a restored checkpoint): never delivered again."""
