@@ -1,0 +1,207 @@
+{{/* Names ---------------------------------------------------------------- */}}
+
+{{- define "sinkflex.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name prefix of every object (release-chart, or the release name when it contains the chart name). */}}
+{{- define "sinkflex.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of a component's objects: (dict "root" $ "component" "env") */}}
+{{- define "sinkflex.componentName" -}}
+{{- printf "%s-%s" (include "sinkflex.fullname" .root) .component }}
+{{- end }}
+
+{{/* Labels ---------------------------------------------------------------- */}}
+
+{{- define "sinkflex.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "sinkflex.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: sinkflex
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "sinkflex.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sinkflex.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Images: (dict "root" $ "image" .Values.env.image) */}}
+{{- define "sinkflex.image" -}}
+{{- $tag := default .root.Chart.AppVersion .image.tag }}
+{{- if .root.Values.image.registry }}
+{{- printf "%s/%s:%s" (trimSuffix "/" .root.Values.image.registry) .image.repository $tag }}
+{{- else }}
+{{- printf "%s:%s" .image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* Service addresses ("host:port") the components are wired with. */}}
+{{- define "sinkflex.envAddress" -}}
+{{- printf "%s:%v" (include "sinkflex.componentName" (dict "root" . "component" "env")) .Values.env.port }}
+{{- end }}
+{{- define "sinkflex.rewardAddress" -}}
+{{- printf "%s:%v" (include "sinkflex.componentName" (dict "root" . "component" "reward")) .Values.reward.port }}
+{{- end }}
+{{- define "sinkflex.rolloutAddress" -}}
+{{- printf "%s:%v" (include "sinkflex.componentName" (dict "root" . "component" "rollout")) .Values.rollout.port }}
+{{- end }}
+{{- define "sinkflex.learnerAddress" -}}
+{{- printf "%s:%v" (include "sinkflex.componentName" (dict "root" . "component" "learner")) .Values.learner.port }}
+{{- end }}
+{{- define "sinkflex.learnerHeadless" -}}
+{{- printf "%s-headless" (include "sinkflex.componentName" (dict "root" . "component" "learner")) }}
+{{- end }}
+{{- define "sinkflex.userSimBaseUrl" -}}
+{{- if .Values.userSim.enabled }}
+{{- printf "http://%s:%v/v1" (include "sinkflex.componentName" (dict "root" . "component" "user-sim")) .Values.userSim.port }}
+{{- else }}
+{{- required "userSim.externalBaseUrl is required when userSim.enabled=false" .Values.userSim.externalBaseUrl }}
+{{- end }}
+{{- end }}
+{{- define "sinkflex.userSimModel" -}}
+{{- if .Values.userSim.enabled }}
+{{- printf "openai/%s" .Values.userSim.servedModelName }}
+{{- else }}
+{{- required "userSim.externalModel is required when userSim.enabled=false" .Values.userSim.externalModel }}
+{{- end }}
+{{- end }}
+
+{{/* Secrets ------------------------------------------------------------- */}}
+
+{{- define "sinkflex.redisSecretName" -}}
+{{- default (include "sinkflex.componentName" (dict "root" . "component" "redis")) .Values.redis.auth.existingSecret }}
+{{- end }}
+{{- define "sinkflex.modelSecretName" -}}
+{{- default (include "sinkflex.componentName" (dict "root" . "component" "model-endpoints")) .Values.modelEndpoints.existingSecret }}
+{{- end }}
+
+{{/* REDIS_PASSWORD (from the Secret) and REDIS_URL (Kubernetes expands $(REDIS_PASSWORD)). */}}
+{{- define "sinkflex.redisEnv" -}}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sinkflex.redisSecretName" . }}
+      key: {{ .Values.redis.auth.existingSecretKey }}
+- name: REDIS_URL
+{{- if .Values.redis.enabled }}
+  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s:%v/0" (include "sinkflex.componentName" (dict "root" . "component" "redis")) .Values.redis.port | quote }}
+{{- else }}
+  value: {{ required "redis.externalUrl is required when redis.enabled=false" .Values.redis.externalUrl | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Common container environment. */}}
+{{- define "sinkflex.commonEnv" -}}
+- name: LITELLM_LOCAL_MODEL_COST_MAP
+  value: "True"
+- name: PYTHONUNBUFFERED
+  value: "1"
+- name: POD_NAME
+  valueFrom:
+    fieldRef: {fieldPath: metadata.name}
+{{- end }}
+
+{{/* HF_TOKEN from the model-endpoints Secret, HF cache on the shared volume. */}}
+{{- define "sinkflex.hfEnv" -}}
+- name: HF_HOME
+  value: /models/hf
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sinkflex.modelSecretName" . }}
+      key: hf-token
+      optional: true
+{{- end }}
+
+{{/* Scheduling -------------------------------------------------------- */}}
+
+{{/* GPU scheduling: gpuNodes defaults merged with the component's own: (dict "root" $ "c" .Values.rollout) */}}
+{{- define "sinkflex.gpuScheduling" -}}
+{{- $nodeSelector := merge (deepCopy (.c.nodeSelector | default dict)) (deepCopy .root.Values.gpuNodes.nodeSelector) }}
+{{- with $nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $tolerations := concat (.root.Values.gpuNodes.tolerations | default list) (.c.tolerations | default list) }}
+{{- with $tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "sinkflex.cpuScheduling" -}}
+{{- with .c.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .c.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Probes: native gRPC probes on grpc.health.v1: (dict "root" $ "port" 50051 "service" "sinkflex.api.env.v1.EnvService" "startup" 300) */}}
+{{- define "sinkflex.grpcProbes" -}}
+{{- $p := .root.Values.probes }}
+startupProbe:
+  grpc:
+    port: {{ .port }}
+    service: {{ .service | quote }}
+  periodSeconds: {{ $p.periodSeconds }}
+  timeoutSeconds: {{ $p.timeoutSeconds }}
+  failureThreshold: {{ max 1 (div .startup $p.periodSeconds) }}
+readinessProbe:
+  grpc:
+    port: {{ .port }}
+    service: {{ .service | quote }}
+  periodSeconds: {{ $p.periodSeconds }}
+  timeoutSeconds: {{ $p.timeoutSeconds }}
+  failureThreshold: {{ $p.failureThreshold }}
+livenessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: {{ $p.periodSeconds }}
+  timeoutSeconds: {{ $p.timeoutSeconds }}
+  failureThreshold: {{ $p.failureThreshold }}
+{{- end }}
+
+{{/* Volumes ------------------------------------------------------------- */}}
+
+{{- define "sinkflex.sharedVolume" -}}
+- name: shared
+{{- if .Values.sharedStorage.enabled }}
+  persistentVolumeClaim:
+    claimName: {{ default (include "sinkflex.componentName" (dict "root" . "component" "shared")) .Values.sharedStorage.existingClaim }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+{{- end }}
+
+{{- define "sinkflex.sharedMounts" -}}
+- {name: shared, mountPath: /data, subPath: data}
+- {name: shared, mountPath: /models, subPath: models}
+{{- end }}
+
+{{/* /dev/shm in memory (NCCL, vLLM workers): (dict "size" "16Gi") */}}
+{{- define "sinkflex.shmVolume" -}}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .size }}
+{{- end }}

@@ -1,0 +1,35 @@
+# syntax=docker/dockerfile:1.7
+# env_service: tau2-Bench domains behind Gymnasium over gRPC. A slim CPU image (no torch,
+# no vLLM): the user simulator is an LLM at an OpenAI-compatible endpoint.
+#
+#   docker build -f docker/env.Dockerfile -t sinkflex/env .        # from the repository root
+#   docker run -p 50051:50051 -p 9091:9091 sinkflex/env
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \
+    LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 \
+    SINKFLEX_GRPC_PORT=50051
+RUN python3 -m venv /opt/venv
+
+WORKDIR /app
+# Dependencies first (cached until pyproject.toml changes): the env subset of pyproject's pins.
+COPY pyproject.toml docker/requirements.py /tmp/build/
+RUN python /tmp/build/requirements.py env cpu --pyproject /tmp/build/pyproject.toml > /tmp/build/requirements.txt \
+ && pip install -r /tmp/build/requirements.txt
+
+COPY pyproject.toml README.md ./
+COPY protos ./protos
+COPY sinkflex ./sinkflex
+COPY env_service ./env_service
+RUN pip install --no-deps . && rm -rf build /tmp/build
+
+RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex
+USER 10001:10001
+
+EXPOSE 50051 9091
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+  CMD python -m sinkflex.healthcheck "127.0.0.1:${SINKFLEX_GRPC_PORT}" || exit 1
+ENTRYPOINT ["python", "-m", "env_service"]
+CMD ["--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9091"]

