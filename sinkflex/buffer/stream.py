@@ -10,7 +10,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Self, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -27,6 +27,7 @@ T = TypeVar("T")
 
 # The `type` field of every entry: the protobuf full name of the payload.
 PAYLOAD_TYPE = common_pb2.TrajectoryGroup.DESCRIPTOR.full_name
+
 
 class BufferConnectionError(ConnectionError):
     """Redis could not be reached after the bounded retries; the message names the URL."""
@@ -103,8 +104,9 @@ class TrajectoryBuffer:
         dead_letter_maxlen: approximate cap on the dead-letter stream.
 
     Raises:
-        ValueError: bad bounds (e.g. `max_pending_groups >= maxlen`).
-        BufferConnectionError: Redis unreachable (naming the URL, password redacted).
+        ValueError: bad bounds (e.g. `max_pending_groups >= maxlen`) or a bad URL.
+        BufferConnectionError: Redis unreachable (naming the URL, password redacted) — from
+            the constructor and from every method, after `retry_attempts` attempts.
     """
 
     def __init__(
@@ -208,7 +210,7 @@ class TrajectoryBuffer:
         """Closes the connection pool (the embedded server keeps running)."""
         self._redis.close()
 
-    def __enter__(self) -> "TrajectoryBuffer":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -499,7 +501,7 @@ def _decode(fields: dict | None) -> tuple[common_pb2.TrajectoryGroup | None, str
     group = common_pb2.TrajectoryGroup()
     try:
         group.ParseFromString(fields["data"])
-    except Exception as err:  # protobuf raises DecodeError (or RuntimeWarning-derived errors in upb)
+    except Exception as err:  # noqa: BLE001 — DecodeError usually; anything else must not block the stream
         return None, f"'data' is not a serialized {PAYLOAD_TYPE}: {type(err).__name__}: {err}"
     if not group.group_id:
         return None, "decoded group has an empty group_id"
