@@ -28,6 +28,9 @@ T = TypeVar("T")
 # The `type` field of every entry: the protobuf full name of the payload.
 PAYLOAD_TYPE = common_pb2.TrajectoryGroup.DESCRIPTOR.full_name
 
+# Longest single XREADGROUP BLOCK; `read` loops for longer `block_ms`.
+_MAX_BLOCK_MS = 10_000
+
 
 class BufferConnectionError(ConnectionError):
     """Redis could not be reached after the bounded retries; the message names the URL."""
@@ -147,8 +150,13 @@ class TrajectoryBuffer:
         self.dead_letter_stream = f"{stream}:dead"
         try:
             # tenacity (`_call`) is the only retry policy: redis-py's own retries are off.
+            # A socket timeout above the longest blocking read detects a silent peer.
             self._redis = redis.Redis.from_url(
-                self.url, socket_connect_timeout=5, health_check_interval=30, retry=Retry(NoBackoff(), 0)
+                self.url,
+                socket_connect_timeout=5,
+                socket_timeout=_MAX_BLOCK_MS / 1000 + 20,
+                health_check_interval=30,
+                retry=Retry(NoBackoff(), 0),
             )
         except ValueError as err:
             raise ValueError(f"bad Redis URL {redacted(self.url)!r}: {err}") from err
@@ -287,8 +295,9 @@ class TrajectoryBuffer:
             raw = self._call(self._claim, consumer, count)
             if len(raw) < count:
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
-                # Block at most claim_idle_ms at a time so that stale entries are reclaimed promptly.
-                block = min(remaining_ms, self.claim_idle_ms) if (not raw and remaining_ms > 0) else None
+                # Block at most claim_idle_ms at a time so that stale entries are reclaimed
+                # promptly, and under the socket timeout.
+                block = min(remaining_ms, self.claim_idle_ms, _MAX_BLOCK_MS) if (not raw and remaining_ms > 0) else None
                 raw += self._call(self._read_new, consumer, count - len(raw), block)
             entries = self._accept(consumer, raw, skip)
             if entries or time.monotonic() >= deadline:
