@@ -1,0 +1,135 @@
+"""The learner's typed configuration (one pydantic model per component, validated on load).
+
+Load a YAML file with `load_learner_config(path)`; a bad or unknown field raises
+`sinkflex.config.ConfigError` naming it by its dotted path (e.g. ``grpo.temperature``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from sinkflex.config import StrictModel, load_config
+
+
+class ModelConfig(StrictModel):
+    """Which causal LM to train and how to run it."""
+
+    path: str | None = None
+    """A transformers model folder (safetensors + config.json), e.g. the prepared SmolLM2."""
+    arch: dict[str, Any] | None = None
+    """Instead of `path`: a transformers config as a dict (with `model_type`, e.g. "gpt_oss"),
+    randomly initialised from `seed` (tiny test models, gpt-oss-shaped GPU benchmarks)."""
+    attn_implementation: str = "sinkflex"
+    """transformers attention implementation: "sinkflex" (the sink path, sinkflex.attention),
+    or any built-in one ("eager", "sdpa")."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Parameter and compute dtype; auto: bfloat16 on CUDA, float32 on CPU."""
+    gradient_checkpointing: bool = True
+    """Recompute each decoder layer's activations in the backward pass."""
+    seed: int = 0
+    """Seed of the random initialisation (`arch`) and of the learner's shuffling."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelConfig":
+        if (self.path is None) == (self.arch is None):
+            raise ValueError("set exactly one of model.path and model.arch")
+        if self.arch is not None and "model_type" not in self.arch:
+            raise ValueError("model.arch needs a model_type (e.g. gpt_oss, llama)")
+        return self
+
+
+class GRPOConfig(StrictModel):
+    """The algorithm: paper eqs. (3)–(7)."""
+
+    adv_eps: float = Field(1e-6, ge=0)
+    """ε_A in Â = (R − mean)/(std + ε_A)."""
+    clip_eps_low: float = Field(0.2, ge=0, lt=1)
+    """ε_c: the ratio is clipped below at 1 − ε_c."""
+    clip_eps_high: float | None = Field(None, ge=0)
+    """Upper clip 1 + ε_high ("clip-higher"); None: symmetric, = clip_eps_low."""
+    beta: float = Field(0.0, ge=0)
+    """Weight of the k3 KL to the reference (initial) policy; 0: no reference model is loaded."""
+    temperature: float = Field(1.0, gt=0)
+    """The rollout engine's sampling temperature: log-probs are log softmax(logits / temperature)."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each batch of groups."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimiser steps per epoch; rollouts are shuffled and split into this many mini-batches."""
+    old_logprobs: Literal["engine", "recompute"] = "engine"
+    """π_θold: the engine's sampled log-probs, or recomputed by the learner before the update."""
+    filter_zero_variance: bool = False
+    """Drop groups whose advantages are all 0 (equal rewards, a single valid rollout); logged."""
+
+
+class OptimConfig(StrictModel):
+    """AdamW and the learning-rate schedule (transformers.get_scheduler)."""
+
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm; None: no clipping (the norm is still logged)."""
+    scheduler: str = "constant_with_warmup"
+    """A transformers scheduler name: constant, constant_with_warmup, linear, cosine, ..."""
+    warmup_steps: int = Field(0, ge=0)
+    total_steps: int = Field(1000, ge=1)
+    """Optimiser steps the schedule spans (linear/cosine decay)."""
+
+
+class BatchConfig(StrictModel):
+    """How groups become tensors."""
+
+    groups_per_step: int = Field(4, ge=1)
+    """Groups consumed by one learner step (one policy version)."""
+    micro_batch_size: int = Field(4, ge=1)
+    """Rollouts per forward/backward on each rank (gradients accumulate)."""
+    max_seq_len: int | None = Field(None, ge=2)
+    """Longer trajectories are cut to this many tokens (cut tokens are not trained; counted)."""
+    pad_token_id: int = Field(0, ge=0)
+
+
+class BufferConfig(StrictModel):
+    """The Redis trajectory buffer (sinkflex.buffer)."""
+
+    url: str | None = None
+    """Redis URL; None: $REDIS_URL, else the embedded server."""
+    stream: str = "sinkflex:groups"
+    consumer_group: str = "learner"
+    consumer: str = "learner-0"
+    """Consumer name; keep it across restarts so that this learner's pending groups come back."""
+    block_ms: int = Field(1000, ge=0)
+    """How long one read waits for new groups (the loop ticks at least this often)."""
+    claim_idle_ms: int = Field(300_000, ge=1)
+    """A group delivered and not acknowledged for this long is redelivered (to this learner
+    after a restart, or to another). Must exceed checkpoint_every steps of training."""
+
+
+class LearnerConfig(StrictModel):
+    """Everything `python -m learner_service` needs."""
+
+    run_dir: str = "runs/learner"
+    """Checkpoints (<run_dir>/checkpoints), policy versions (<run_dir>/policy/v{N}), metrics."""
+    model: ModelConfig
+    grpo: GRPOConfig = GRPOConfig()
+    optim: OptimConfig = OptimConfig()
+    batch: BatchConfig = BatchConfig()
+    buffer: BufferConfig = BufferConfig()
+    checkpoint_every: int = Field(1, ge=1)
+    """Steps between checkpoints. Groups are acknowledged only after the checkpoint that
+    records them, so a larger value leaves more groups pending in the stream."""
+    keep_checkpoints: int = Field(2, ge=1)
+    publish_every: int = Field(1, ge=1)
+    """Steps between published policy versions (<run_dir>/policy/v{N} + UpdateWeights)."""
+    keep_policies: int = Field(3, ge=1)
+    rollout_address: str | None = None
+    """host:port of the RolloutService to call UpdateWeights on; None: only write the folder."""
+    tensorboard: bool = True
+
+
+def load_learner_config(path: str | Path) -> LearnerConfig:
+    """Loads and validates a learner YAML config. Raises sinkflex.config.ConfigError."""
+    return load_config(path, LearnerConfig)

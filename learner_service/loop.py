@@ -1,0 +1,158 @@
+"""The learner's main loop: buffer → train step → checkpoint → ack → publish.
+
+Exactly-once data (with `sinkflex.buffer.TrajectoryBuffer`'s at-least-once delivery):
+- rank 0 reads groups as a member of the consumer group and broadcasts them, with any
+  control command (checkpoint now, stop), to every rank once per tick;
+- a group is acknowledged only after the checkpoint that records its id as trained has
+  been written (`checkpoint.save_checkpoint` returns only once it is durable). A crash
+  before that checkpoint loses the step and the group is redelivered and trained with
+  the restored weights; a crash after it (before the ack) gets the group redelivered, and
+  it is dropped because its id is in the checkpoint (`buffer.mark_trained` at start,
+  plus the learner's own trained-id set);
+- on resume, the policy version of the checkpoint is published again if its folder is
+  missing (a crash between checkpoint and publish).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from concurrent.futures import Future
+
+import torch.distributed as dist
+
+from learner_service.batch import rollouts_from_group
+from learner_service.checkpoint import save_checkpoint
+from learner_service.publish import policy_dir, publish_policy
+from learner_service.trainer import Learner
+from sinkflex.api.common.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    """What rank 0 tells every rank to do this tick."""
+
+    groups: tuple[bytes, ...] = ()  # serialized TrajectoryGroups to train on (empty: none)
+    checkpoint: bool = False
+    stop: bool = False
+
+
+class LearnerRunner:
+    """Drives a `Learner` from a `TrajectoryBuffer`; thread-safe requests from the gRPC server.
+
+    Args:
+        learner: the learner (already restored from its checkpoint, if any).
+        buffer: a `sinkflex.buffer.TrajectoryBuffer` (rank 0 only; None on other ranks).
+    """
+
+    def __init__(self, learner: Learner, buffer=None):
+        self.learner = learner
+        self.buffer = buffer
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._ckpt_waiters: list[Future] = []
+        self.last_checkpoint: str = ""
+        self.invalid_groups = 0
+
+    # ------------------------------------------------------------------ requests (any thread)
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_checkpoint(self) -> Future:
+        """A future resolved with (path, policy_version, step) after the next checkpoint."""
+        fut: Future = Future()
+        with self._lock:
+            self._ckpt_waiters.append(fut)
+        return fut
+
+    # ------------------------------------------------------------------ the loop
+    def _next_tick(self, collected: list) -> Tick:
+        """Rank 0: read from the buffer, decide this tick's command."""
+        cfg = self.learner.cfg
+        if self._stop.is_set():
+            return Tick(stop=True)
+        want = cfg.batch.groups_per_step - len(collected)
+        if want > 0:
+            for entry in self.buffer.read(cfg.buffer.consumer, count=want, block_ms=cfg.buffer.block_ms):
+                try:
+                    rollouts_from_group(entry.group, cfg.grpo.adv_eps, cfg.batch.max_seq_len)
+                except ValueError as err:
+                    self.invalid_groups += 1
+                    log.error("dropping invalid group %s (entry %s): %s", entry.group.group_id, entry.entry_id, err)
+                    self.buffer.ack([entry], trained=False)
+                    continue
+                collected.append(entry)
+        with self._lock:
+            ckpt = bool(self._ckpt_waiters)
+        if len(collected) >= cfg.batch.groups_per_step:
+            return Tick(groups=tuple(e.group.SerializeToString() for e in collected), checkpoint=ckpt)
+        return Tick(checkpoint=ckpt)
+
+    def _broadcast(self, tick: Tick | None) -> Tick:
+        if self.learner.world == 1:
+            assert tick is not None
+            return tick
+        box = [tick]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _checkpoint_and_ack(self, pending: list) -> None:
+        path = save_checkpoint(self.learner)
+        self.last_checkpoint = str(path)
+        if self.learner.rank == 0:
+            if pending:
+                self.buffer.ack(pending)
+                pending.clear()
+            with self._lock:
+                waiters, self._ckpt_waiters = self._ckpt_waiters, []
+            s = self.learner.state
+            for fut in waiters:
+                fut.set_result((str(path), s.policy_version, s.step))
+
+    def run(self, max_steps: int | None = None) -> int:
+        """Trains until `max_steps` learner steps in total (None: until `request_stop`).
+
+        Returns:
+            the learner's step count at exit. A final checkpoint is written (and its groups
+            acknowledged) before returning.
+        """
+        learner, cfg = self.learner, self.learner.cfg
+        if learner.rank == 0 and learner.state.trained_group_ids:
+            self.buffer.mark_trained(learner.state.trained_group_ids)
+        v = learner.state.policy_version
+        if v > 0 and not policy_dir(cfg.run_dir, v).is_dir():
+            publish_policy(learner)  # crashed between checkpoint and publish
+        else:
+            learner.state.published_version = v
+            learner.state.published_location = str(policy_dir(cfg.run_dir, v).resolve()) if v > 0 else (cfg.model.path or "")
+        collected: list = []  # rank 0: entries read, not yet trained
+        pending: list = []  # rank 0: entries trained, not yet acknowledged
+        dirty = False  # trained since the last checkpoint
+        while max_steps is None or learner.state.step < max_steps:
+            tick = self._broadcast(self._next_tick(collected) if learner.rank == 0 else None)
+            if tick.stop:
+                if dirty or tick.checkpoint:
+                    self._checkpoint_and_ack(pending)
+                    dirty = False
+                break
+            if tick.groups:
+                groups = [common_pb2.TrajectoryGroup.FromString(b) for b in tick.groups]
+                learner.train_step(groups)
+                pending.extend(collected)
+                collected.clear()
+                dirty = True
+            if tick.checkpoint or (dirty and tick.groups and learner.state.step % cfg.checkpoint_every == 0):
+                self._checkpoint_and_ack(pending)
+                dirty = False
+            if tick.groups and learner.state.step % cfg.publish_every == 0 and learner.state.published_version != learner.state.policy_version:
+                publish_policy(learner)
+        if dirty:
+            self._checkpoint_and_ack(pending)
+        with self._lock:
+            waiters, self._ckpt_waiters = self._ckpt_waiters, []
+        for fut in waiters:
+            fut.set_exception(RuntimeError("learner stopped before the checkpoint was written"))
+        return learner.state.step

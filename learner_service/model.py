@@ -1,0 +1,113 @@
+"""Building the policy (and reference) model: transformers causal LM on the sink path, FSDP2.
+
+- The attention implementation "sinkflex" is the project's sink-aware path
+  (`sinkflex.attention`, registered with transformers' AttentionInterface on import);
+  any built-in name ("eager", "sdpa") works too.
+- `build_model` loads a folder (`model.path`) or randomly initialises a config
+  (`model.arch`) with a fixed seed, so every rank starts from identical weights.
+- `shard_model` applies FSDP2 (`torch.distributed.fsdp.fully_shard`) per decoder layer and
+  then to the root, when a process group is initialised (torchrun); otherwise the model
+  stays a plain module (single process, in-process tests).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from learner_service.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+def resolve_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    """auto → bfloat16 on CUDA, float32 elsewhere."""
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.dtype)
+
+
+def ensure_attention(name: str) -> str:
+    """Makes sure attention implementation `name` is registered with transformers.
+
+    Raises:
+        ValueError: "sinkflex" requested but `sinkflex.attention` is not importable.
+    """
+    if name == "sinkflex":
+        try:
+            import sinkflex.attention as sa
+        except ImportError as err:  # the attention package is missing: say so, never fall back
+            raise ValueError(f"attn_implementation 'sinkflex' needs sinkflex.attention: {err}") from err
+        register = getattr(sa, "register", None)
+        if callable(register):
+            register()
+    return name
+
+
+def build_model(cfg: ModelConfig, device: torch.device) -> nn.Module:
+    """A transformers causal LM in training mode on `device`, use_cache off.
+
+    Args:
+        cfg: the model section of the config.
+        device: where the parameters live before sharding.
+
+    Returns:
+        the model (e.g. GptOssForCausalLM, LlamaForCausalLM), parameters in `resolve_dtype`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = resolve_dtype(cfg, device)
+    attn = ensure_attention(cfg.attn_implementation)
+    if cfg.path is not None:
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, attn_implementation=attn, dtype=dtype)
+    else:
+        arch = dict(cfg.arch or {})
+        hf_config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn, dtype=dtype)
+    model.config.use_cache = False
+    model.to(device)
+    model.train()
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks (model.model.layers for transformers' decoder LMs)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no model.layers to shard")
+    return list(layers)
+
+
+def shard_model(model: nn.Module, reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2: fully_shard each decoder layer, then the root (no-op without a process group).
+
+    Gradients are reduce-scattered as sums (divide factor 1): the loss is already divided
+    by the global token count, so a sum over ranks is the exact global gradient.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return model
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, reshard_after_forward=reshard_after_forward)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+    return model
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """A reference model: no gradients, eval mode."""
+    model.requires_grad_(False)
+    model.eval()
+    return model

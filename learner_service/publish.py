@@ -1,0 +1,112 @@
+"""Publishing a policy version: transformers-format weights + RolloutService.UpdateWeights.
+
+``<run_dir>/policy/v<N>/`` holds the weights as safetensors with config.json (and the
+tokenizer when the model came from a folder that has one), loadable with
+``AutoModelForCausalLM.from_pretrained`` and by vLLM. The folder is written under a
+temporary name and renamed into place, so a reader never sees a half-written version.
+Then, when a rollout address is configured, ``UpdateWeights(policy_version=N,
+location=<folder>)`` is called; a failed call is logged and returned, never fatal (the
+rollout service can catch up with `PolicyVersion`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from learner_service.checkpoint import full_model_state_dict
+from learner_service.trainer import Learner
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
+
+
+@dataclass(frozen=True)
+class Published:
+    policy_version: int
+    location: str
+    update_error: str = ""  # non-empty when UpdateWeights failed
+    load_seconds: float = 0.0  # reported by the rollout service
+
+
+def policy_dir(run_dir: str | Path, version: int) -> Path:
+    return Path(run_dir) / "policy" / f"v{version}"
+
+
+def publish_policy(learner: Learner, timeout_s: float = 600.0) -> Published:
+    """Writes the current weights as policy version `learner.state.policy_version` and
+    tells the rollout service. Collective (the state dict is gathered); rank 0 writes.
+
+    Returns:
+        what was published (on rank 0; other ranks get the same version and location).
+    """
+    version = learner.state.policy_version
+    out = policy_dir(learner.cfg.run_dir, version)
+    state_dict = full_model_state_dict(learner)
+    result = Published(version, str(out.resolve()))
+    if learner.rank == 0:
+        tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        learner.model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        _fix_architectures(tmp / "config.json", learner.arch_name)
+        src = learner.cfg.model.path
+        if src is not None:
+            for name in TOKENIZER_FILES:
+                if (Path(src) / name).is_file():
+                    shutil.copy2(Path(src) / name, tmp / name)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        _prune(out.parent, learner.cfg.keep_policies)
+        if learner.cfg.rollout_address:
+            result = _update_weights(learner.cfg.rollout_address, version, result.location, timeout_s)
+        log.info("published policy version %d at %s", version, out)
+    learner.state.published_version = version
+    learner.state.published_location = result.location
+    return result
+
+
+def _fix_architectures(config_json: Path, arch_name: str) -> None:
+    """FSDP2 renames the model class (FSDPGptOssForCausalLM); the folder must name the real one."""
+    cfg = json.loads(config_json.read_text())
+    cfg["architectures"] = [arch_name]
+    config_json.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _prune(root: Path, keep: int) -> None:
+    versions = sorted((p for p in root.glob("v*") if p.is_dir() and p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
+    for p in versions[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _update_weights(address: str, version: int, location: str, timeout_s: float) -> Published:
+    from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+    from sinkflex.errors import ServiceError
+    from sinkflex.serving import make_channel
+
+    import grpc
+
+    with make_channel(address) as channel:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        try:
+            resp = stub.UpdateWeights(
+                rollout_pb2.UpdateWeightsRequest(policy_version=version, location=location), timeout=timeout_s
+            )
+        except grpc.RpcError as err:
+            e = ServiceError.from_rpc_error(err)
+            log.warning("UpdateWeights(v%d) at %s failed: %s", version, address, e)
+            return Published(version, location, update_error=str(e))
+    return Published(version, location, load_seconds=resp.load_seconds)
