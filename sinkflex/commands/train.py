@@ -1,0 +1,81 @@
+"""`sinkflex-rl train -c CONFIG`: the main job (see sinkflex/train/)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer()
+log = logging.getLogger("sinkflex.train")
+
+
+@app.command()
+def train(
+    config: Path = typer.Option(..., "--config", "-c", help="experiment YAML (configs/)"),
+    steps: Optional[int] = typer.Option(None, help="override run.steps"),
+    output_dir: Optional[str] = typer.Option(None, help="override run.output_dir"),
+) -> None:
+    """Trains a policy with GRPO on tau2-Bench: rollouts → reward → Redis → learner → new policy version.
+
+    With no service addresses in the config, launches every service as a local process on
+    loopback ports and stops them at the end or on Ctrl-C; a re-run resumes from the last
+    checkpoint. Writes metrics (JSON lines, TensorBoard), plots and a summary to the run folder.
+    """
+    from rich.console import Console
+
+    from sinkflex.buffer import TrajectoryBuffer
+    from sinkflex.config import ConfigError, validate_config
+    from sinkflex.launcher import LocalLauncher
+    from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
+    from sinkflex.train.config import TrainConfig, load_train_config
+    from sinkflex.train.controller import Controller
+    from sinkflex.train.local import connect, launch_local
+
+    console = Console()
+    try:
+        cfg = load_train_config(config)
+        data = cfg.model_dump()
+        if steps is not None:
+            data["run"]["steps"] = steps
+        if output_dir is not None:
+            data["run"]["output_dir"] = output_dir
+        cfg = validate_config(data, TrainConfig, source=str(config))
+    except ConfigError as err:
+        console.print(f"[red]{err}[/red]")
+        raise typer.Exit(2) from None
+    run_dir = cfg.run.dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    interrupted = False
+    with LocalLauncher(run_dir) as launcher:
+        try:
+            addresses = connect(cfg) if cfg.services.external() else launch_local(cfg, launcher)
+        except ConfigError as err:
+            console.print(f"[red]{err}[/red]")
+            raise typer.Exit(2) from None
+        controller = Controller(cfg, addresses, alive_check=launcher.check_alive)
+        try:
+            version = controller.run()
+            log.info("done: policy version %d", version)
+        except KeyboardInterrupt:
+            interrupted = True
+            console.print("[yellow]interrupted: stopping services (the learner checkpoints); re-run to resume[/yellow]")
+        finally:
+            controller.close()
+    # services are stopped: the learner has checkpointed and acknowledged what it trained
+    records = read_metrics(run_dir)
+    plots = plot_learning_curves(records, run_dir / "plots")
+    console.print(summary_table(records, title=f"SinkFlex-RL — {cfg.run.name}"))
+    if not cfg.services.external():
+        import os
+
+        from sinkflex.buffer import embedded_redis_url
+
+        url = cfg.services.redis_url or os.environ.get("REDIS_URL") or embedded_redis_url(path=str(run_dir / "redis" / "buffer.db"))
+        stats = TrajectoryBuffer(url=url).stats()
+        console.print(f"buffer: {stats}")
+    console.print(f"run folder: {run_dir}  plots: {', '.join(p.name for p in plots)}")
+    if interrupted:
+        raise typer.Exit(130)

@@ -1,0 +1,220 @@
+"""`TrainConfig`: the whole experiment in one YAML file, validated on load.
+
+The file has job-level sections (`run`, `task`, `rollout`, `validation`, `models`,
+`services`, `local`) and one section per service whose fields are that service's own
+config model (`env_service` → `EnvServiceConfig`, `reward_service` →
+`RewardServiceConfig`, `rollout_service` → `RolloutConfig`, `learner` → `LearnerConfig`).
+Fields the job derives (model paths, the sampling temperature the learner must use,
+groups per learner step, addresses) are filled in by `service_configs()`; setting them to
+something inconsistent is an error that names the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import Field, model_validator
+
+from sinkflex.config import ConfigError, StrictModel, load_config, validate_config
+
+
+class RunConfig(StrictModel):
+    """Where and how long."""
+
+    name: str = "run"
+    output_dir: Optional[str] = None
+    """Run folder (metrics, plots, logs, checkpoints, policy versions, Redis data); default runs/<name>."""
+    steps: int = Field(3, ge=1)
+    """Learner steps = policy versions to train (a re-run resumes and stops at this total)."""
+    seed: int = 0
+    """Seed of the task schedule and of sampling."""
+    step_timeout_s: float = Field(3600.0, gt=0)
+    """How long one step (rollouts + learner update) may take before the job fails."""
+
+    def dir(self) -> Path:
+        return Path(self.output_dir or f"runs/{self.name}")
+
+
+class TaskConfig(StrictModel):
+    """Which environment and tasks."""
+
+    env: str = "retail"
+    train_split: str = "train"
+    eval_split: str = "test"
+    tasks_per_step: int = Field(2, ge=1)
+    """Tasks (= groups) per learner step."""
+    task_ids: Optional[list[str]] = None
+    """Train only on these tasks (default: the whole train split, in a seeded shuffled order)."""
+    solo_mode: bool = False
+    """The agent acts alone (no user simulator), where the environment supports it."""
+
+
+class RolloutSettings(StrictModel):
+    """How rollouts are sampled (the RolloutRequest of each step)."""
+
+    group_size: int = Field(4, ge=1)
+    """G: samples per task (GRPO's group)."""
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(128, ge=1)
+    max_turns: int = Field(4, ge=1)
+    max_context_tokens: int = Field(8192, ge=64)
+
+
+class ValidationConfig(StrictModel):
+    """Validation on the eval split: mean@1 (with a confidence interval) and pass^k."""
+
+    every_steps: int = Field(0, ge=0)
+    """Validate before training and after every N steps; 0: never."""
+    num_tasks: int = Field(0, ge=0)
+    """Tasks of the eval split to use (the first N); 0: all."""
+    trials: int = Field(1, ge=1)
+    """Samples per task; pass^k is reported for k = 1..trials."""
+    temperature: float = Field(1.0, gt=0)
+
+
+class ModelsConfig(StrictModel):
+    """The policy and the user-simulator model: a `sinkflex-rl models prepare` name or a folder."""
+
+    policy: str = "smollm2"
+    user_simulator: Optional[str] = "smollm2"
+    """Served, frozen, by its own engine (it does not change as the policy trains); None in solo mode."""
+
+
+class ServicesConfig(StrictModel):
+    """Addresses of services that already run. All empty: launch everything locally."""
+
+    env_address: Optional[str] = None
+    reward_address: Optional[str] = None
+    rollout_address: Optional[str] = None
+    learner_address: Optional[str] = None
+    redis_url: Optional[str] = None
+
+    def external(self) -> bool:
+        return any([self.env_address, self.reward_address, self.rollout_address, self.learner_address])
+
+    @model_validator(mode="after")
+    def _all_or_none(self) -> "ServicesConfig":
+        addrs = {"env_address": self.env_address, "reward_address": self.reward_address,
+                 "rollout_address": self.rollout_address, "learner_address": self.learner_address}
+        if any(addrs.values()) and not all(addrs.values()):
+            missing = ", ".join(k for k, v in addrs.items() if not v)
+            raise ValueError(f"set all service addresses to connect to running services, or none to launch locally (missing: {missing})")
+        return self
+
+
+class LocalConfig(StrictModel):
+    """The embedded default's local processes."""
+
+    learner_procs: int = Field(1, ge=1)
+    """torchrun --nproc_per_node of the learner (FSDP2 over gloo on CPU)."""
+    user_sim_kv_cache_gib: float = Field(1.0, gt=0)
+    ready_timeout_s: float = Field(600.0, gt=0)
+
+
+class TrainConfig(StrictModel):
+    """The whole experiment (see the module docstring)."""
+
+    run: RunConfig = RunConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutSettings = RolloutSettings()
+    validation: ValidationConfig = ValidationConfig()
+    models: ModelsConfig = ModelsConfig()
+    services: ServicesConfig = ServicesConfig()
+    local: LocalConfig = LocalConfig()
+    env_service: dict[str, Any] = {}
+    """EnvServiceConfig fields (env_service/config.py)."""
+    reward_service: dict[str, Any] = {}
+    """RewardServiceConfig fields (reward_service/config.py)."""
+    rollout_service: dict[str, Any] = {}
+    """RolloutConfig fields (rollout_service/config.py); engine.model is the policy."""
+    learner: dict[str, Any] = {}
+    """LearnerConfig fields (learner_service/config.py); model.path is the policy."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        grpo_t = (self.learner.get("grpo") or {}).get("temperature")
+        if grpo_t is not None and grpo_t != self.rollout.temperature:
+            raise ValueError(f"learner.grpo.temperature ({grpo_t}) must equal rollout.temperature ({self.rollout.temperature}): "
+                             "the learner's log-probs must be under the distribution the engine sampled from")
+        gps = (self.learner.get("batch") or {}).get("groups_per_step")
+        if gps is not None and gps != self.task.tasks_per_step:
+            raise ValueError(f"learner.batch.groups_per_step ({gps}) must equal task.tasks_per_step ({self.task.tasks_per_step})")
+        if self.task.solo_mode is False and self.models.user_simulator is None and not self.services.external():
+            raise ValueError("models.user_simulator is required unless task.solo_mode is true")
+        return self
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str], redis_url: str, user_base_url: str | None,
+                    user_model: str = "openai/user-sim") -> dict[str, Any]:
+    """The validated config object of each locally launched service.
+
+    Returns {"env_service": EnvServiceConfig, "reward_service": RewardServiceConfig,
+    "rollout_service": RolloutConfig, "learner": LearnerConfig}.
+
+    Raises:
+        ConfigError: a service section has a bad field (named as `<section>.<field>`).
+    """
+    from env_service.config import EnvServiceConfig
+    from learner_service.config import LearnerConfig
+    from reward_service.config import RewardServiceConfig
+    from rollout_service.config import RolloutConfig
+
+    run_dir = cfg.run.dir()
+    env = _merge({"domains": [cfg.task.env]}, cfg.env_service)
+    if user_base_url:
+        env = _merge({"user_model": user_model, "user_base_url": user_base_url}, env)
+    rollout = _merge(
+        {
+            "engine": {"model": policy_dir, "seed": cfg.run.seed},
+            "agent": {
+                "max_turns": cfg.rollout.max_turns,
+                "max_context_tokens": cfg.rollout.max_context_tokens,
+                "max_new_tokens": cfg.rollout.max_new_tokens,
+                "temperature": cfg.rollout.temperature,
+                "top_p": cfg.rollout.top_p,
+            },
+            "env_address": addresses["env"],
+            "reward_address": addresses["reward"],
+            "redis_url": redis_url,
+        },
+        cfg.rollout_service,
+    )
+    learner = _merge(
+        {
+            "run_dir": str(run_dir / "learner"),
+            "model": {"path": policy_dir},
+            "grpo": {"temperature": cfg.rollout.temperature},
+            "batch": {"groups_per_step": cfg.task.tasks_per_step},
+            "buffer": {"url": redis_url},
+            "optim": {"total_steps": cfg.run.steps},
+            "rollout_address": addresses["rollout"],
+        },
+        cfg.learner,
+    )
+    return {
+        "env_service": validate_config(env, EnvServiceConfig, source="env_service"),
+        "reward_service": validate_config(cfg.reward_service, RewardServiceConfig, source="reward_service"),
+        "rollout_service": validate_config(rollout, RolloutConfig, source="rollout_service"),
+        "learner": validate_config(learner, LearnerConfig, source="learner"),
+    }
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    """Loads and validates an experiment config.
+
+    Raises:
+        ConfigError: naming the bad field, e.g. ``rollout.group_size: Input should be greater than or equal to 1``.
+    """
+    return load_config(path, TrainConfig)
+
+
+__all__ = ["ConfigError", "TrainConfig", "load_train_config", "service_configs"]

@@ -1,0 +1,190 @@
+"""The training controller: drives rollouts, waits for the learner, validates, reports.
+
+One step of the loop (on-policy, synchronous, as in the paper's VERL-style dataflow):
+
+    tasks  = the next `tasks_per_step` tasks of the train split (seeded shuffle, cycled)
+    groups = RolloutService.Rollout(tasks, G, publish=True)   # scored groups → Redis stream
+    wait until LearnerService.Status().policy_version > v     # the learner consumed them,
+                                                              # took a GRPO step, wrote
+                                                              # policy/v{v+1}, called UpdateWeights
+    every N steps: Rollout(eval tasks, trials, publish=False) → mean@1 ± CI, pass^k
+
+The controller owns no model and no tensor: it talks to services over gRPC only, so the
+same loop drives local processes and a cluster. The learner is the source of truth for
+the policy version; a re-run resumes from the learner's checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import grpc
+from tqdm.auto import tqdm
+
+from sinkflex.api.common.v1 import common_pb2
+from sinkflex.api.env.v1 import env_pb2, env_pb2_grpc
+from sinkflex.api.learner.v1 import learner_pb2, learner_pb2_grpc
+from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from sinkflex.reporting import MetricsWriter, mean_ci, pass_hat_k
+from sinkflex.serving import make_channel
+from sinkflex.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Addresses:
+    env: str
+    reward: str
+    rollout: str
+    learner: str
+
+
+class Controller:
+    """Runs the training loop of `cfg` against services at `addresses`.
+
+    Args:
+        cfg: the experiment.
+        addresses: where the services listen.
+        alive_check: called while waiting; raises if a launched process died.
+    """
+
+    def __init__(self, cfg: TrainConfig, addresses: Addresses, alive_check=lambda: None):
+        self.cfg = cfg
+        self.alive_check = alive_check
+        self._channels = {name: make_channel(addr) for name, addr in vars(addresses).items()}
+        self.env = env_pb2_grpc.EnvServiceStub(self._channels["env"])
+        self.rollout = rollout_pb2_grpc.RolloutServiceStub(self._channels["rollout"])
+        self.learner = learner_pb2_grpc.LearnerServiceStub(self._channels["learner"])
+        self.metrics = MetricsWriter(cfg.run.dir())
+        self.groups_published = 0
+
+    def close(self) -> None:
+        self.metrics.close()
+        for ch in self._channels.values():
+            ch.close()
+
+    # -- tasks ---------------------------------------------------------------------------
+    def train_tasks(self) -> list[str]:
+        t = self.cfg.task
+        ids = t.task_ids or [x.task_id for x in self.env.ListTasks(env_pb2.ListTasksRequest(env=t.env, split=t.train_split)).tasks]
+        if not ids:
+            raise ValueError(f"no tasks in split {t.train_split!r} of env {t.env!r}")
+        random.Random(self.cfg.run.seed).shuffle(ids)
+        return ids
+
+    def eval_tasks(self) -> list[str]:
+        t, v = self.cfg.task, self.cfg.validation
+        ids = [x.task_id for x in self.env.ListTasks(env_pb2.ListTasksRequest(env=t.env, split=t.eval_split)).tasks]
+        return ids[: v.num_tasks] if v.num_tasks else ids
+
+    def step_tasks(self, step: int, pool: list[str]) -> list[str]:
+        n = self.cfg.task.tasks_per_step
+        return [pool[(step * n + i) % len(pool)] for i in range(n)]
+
+    # -- services ------------------------------------------------------------------------
+    def learner_status(self) -> learner_pb2.StatusResponse:
+        return self.learner.Status(learner_pb2.StatusRequest(), timeout=30)
+
+    def sync_rollout_weights(self) -> None:
+        """After a resume: make sure the rollout engine serves the learner's latest policy."""
+        latest = self.learner.PolicyVersion(learner_pb2.PolicyVersionRequest(), timeout=30)
+        engine = self.rollout.Status(rollout_pb2.StatusRequest(), timeout=30)
+        if latest.policy_version > engine.policy_version and latest.location:
+            log.info("rollout engine at v%d, learner at v%d: loading %s", engine.policy_version, latest.policy_version, latest.location)
+            self.rollout.UpdateWeights(rollout_pb2.UpdateWeightsRequest(policy_version=latest.policy_version, location=latest.location), timeout=600)
+
+    def run_rollouts(self, task_ids: list[str], group_size: int, temperature: float, publish: bool, desc: str) -> list[common_pb2.TrajectoryGroup]:
+        r = self.cfg.rollout
+        request = rollout_pb2.RolloutRequest(
+            env=self.cfg.task.env,
+            task_ids=task_ids,
+            group_size=group_size,
+            sampling=common_pb2.SamplingParams(temperature=temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                                               seed=self.cfg.run.seed),
+            max_turns=r.max_turns,
+            max_context_tokens=r.max_context_tokens,
+            publish=publish,
+            solo_mode=self.cfg.task.solo_mode,
+        )
+        groups = []
+        with tqdm(total=len(task_ids), desc=desc, unit="group", leave=False) as bar:
+            for resp in self.rollout.Rollout(request, timeout=self.cfg.run.step_timeout_s):
+                groups.append(resp.group)
+                bar.update(1)
+        if len(groups) != len(task_ids):
+            raise RuntimeError(f"{desc}: asked for {len(task_ids)} groups, got {len(groups)}")
+        return groups
+
+    def wait_for_version(self, version: int) -> learner_pb2.StatusResponse:
+        deadline = time.monotonic() + self.cfg.run.step_timeout_s
+        while True:
+            self.alive_check()
+            status = self.learner_status()
+            if status.policy_version >= version:
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"learner did not reach policy version {version} within {self.cfg.run.step_timeout_s:.0f}s "
+                                   f"(at v{status.policy_version}, {status.groups_trained} groups trained)")
+            time.sleep(0.5)
+
+    # -- the loop ------------------------------------------------------------------------
+    def validate(self, step: int) -> dict[str, float]:
+        v = self.cfg.validation
+        tasks = self.eval_tasks()
+        groups = self.run_rollouts(tasks, v.trials, v.temperature, publish=False, desc=f"validation @ v{step}")
+        per_task = defaultdict(list)
+        first = []
+        for g in groups:
+            for i, t in enumerate(g.trajectories):
+                per_task[g.task_id].append(t.reward >= 1.0 - 1e-6)
+                if i == 0:
+                    first.append(t.reward)
+        m, lo, hi = mean_ci(first)
+        record = {"mean_at_1": m, "ci_low": lo, "ci_high": hi, "tasks": len(tasks)}
+        for k in range(1, v.trials + 1):
+            record[f"pass_hat_{k}"] = pass_hat_k(per_task, k)
+        self.metrics.write("val", step, record)
+        log.info("validation @ v%d: mean@1 %.3f [%.3f, %.3f] on %d tasks", step, m, lo, hi, len(tasks))
+        return record
+
+    def run(self) -> int:
+        """Trains until the learner's policy version reaches `run.steps`. Returns that version."""
+        cfg = self.cfg
+        status = self.learner_status()
+        start = status.policy_version
+        if start > 0:
+            log.info("resuming at policy version %d (%d groups trained)", start, status.groups_trained)
+            self.sync_rollout_weights()
+        pool = self.train_tasks()
+        val_every = cfg.validation.every_steps
+        if val_every and start == 0:
+            self.validate(0)
+        with tqdm(total=cfg.run.steps, initial=start, desc="train", unit="step") as bar:
+            for step in range(start, cfg.run.steps):
+                t0 = time.time()
+                tasks = self.step_tasks(step, pool)
+                groups = self.run_rollouts(tasks, cfg.rollout.group_size, cfg.rollout.temperature, publish=True, desc=f"rollouts v{step}")
+                self.groups_published += len(groups)
+                rewards = [t.reward for g in groups for t in g.trajectories]
+                for g in groups:
+                    for t in g.trajectories:
+                        self.metrics.write("trajectory", step + 1, {"reward": t.reward, "tokens": len(t.token_ids),
+                                                                    "turns": len(t.turns), "policy_version": t.policy_version})
+                t_roll = time.time() - t0
+                status = self.wait_for_version(step + 1)
+                m, _, _ = mean_ci(rewards)
+                std = (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5
+                record = {"reward_mean": m, "reward_std": std, "groups": len(groups), "rollout_s": t_roll,
+                          "step_s": time.time() - t0, "groups_trained": status.groups_trained}
+                record.update({k: v for k, v in status.metrics.items() if k not in record})
+                self.metrics.write("train", step + 1, record)
+                bar.set_postfix(reward=f"{m:.3f}", loss=f"{status.metrics.get('loss', float('nan')):.4g}")
+                bar.update(1)
+                if val_every and (step + 1) % val_every == 0:
+                    self.validate(step + 1)
+        return self.learner_status().policy_version
