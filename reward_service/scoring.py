@@ -96,6 +96,7 @@ class TaskCatalog:
     def __init__(self, extra: dict[str, list] | None = None) -> None:
         self._lock = threading.Lock()
         self._tasks: dict[str, dict] = {}
+        self._solo: dict[str, bool] = {}
         self._extra = {env: list(tasks) for env, tasks in (extra or {}).items()}
 
     def envs(self) -> list[str]:
@@ -125,6 +126,19 @@ class TaskCatalog:
             by_id.update({t.id: t for t in self._extra.get(env, [])})
             self._tasks[env] = by_id
             return by_id
+
+    def supports_solo(self, env: str) -> bool:
+        """Whether tau2's `env` environment can be built in solo mode (cached)."""
+        with self._lock:
+            if env not in self._solo:
+                from tau2.registry import registry
+
+                try:
+                    registry.get_env_constructor(env)(solo_mode=True)
+                    self._solo[env] = True
+                except ValueError:  # e.g. "Retail domain does not support solo mode"
+                    self._solo[env] = False
+            return self._solo[env]
 
     def get(self, env: str, task_id: str):
         """The tau2 `Task`. Raises ServiceError NOT_FOUND for an unknown env or task."""
@@ -329,12 +343,11 @@ def build_simulation(task_id: str, tau2_messages: list, termination: str):
 
 
 def score(
-    request: reward_pb2.ScoreRequest,
-    catalog: TaskCatalog,
-    judge: JudgeConfig | None = None,
-    solo_mode: bool = False,
+    request: reward_pb2.ScoreRequest, catalog: TaskCatalog, judge: JudgeConfig | None = None
 ) -> common_pb2.RewardBreakdown:
     """Scores one trajectory with tau2's `evaluate_simulation`; see the module docstring.
+
+    `request.solo_mode` is passed to tau2 (`evaluate_simulation(solo_mode=...)`).
 
     Returns:
         The breakdown; `reward` in [0, 1].
@@ -358,6 +371,12 @@ def score(
             "but no NL-assertion judge LLM is configured (start the service with --judge-model/--judge-base-url)"
         )
     check_conversation(request.messages)
+    if request.solo_mode:
+        if not catalog.supports_solo(request.env):
+            raise invalid_argument(f"solo_mode: env {request.env!r} does not support tau2's solo mode")
+        users = [i for i, m in enumerate(request.messages) if m.role == common_pb2.ROLE_USER]
+        if users:
+            raise invalid_argument(f"solo_mode: messages{users[:5]} are user messages; a solo episode has none")
     tau2_messages = to_tau2(request.messages)
 
     if reason in OWN_TERMINATION:  # tau2's rule for every reason but agent/user stop
@@ -371,7 +390,7 @@ def score(
     try:
         with ctx:
             info = evaluate_simulation(
-                simulation=simulation, task=task, evaluation_type=evaluation, solo_mode=solo_mode, domain=request.env
+                simulation=simulation, task=task, evaluation_type=evaluation, solo_mode=request.solo_mode, domain=request.env
             )
     except ServiceError:
         raise
@@ -385,14 +404,11 @@ def score(
 
 
 def batch_item(
-    request: reward_pb2.ScoreRequest,
-    catalog: TaskCatalog,
-    judge: JudgeConfig | None = None,
-    solo_mode: bool = False,
+    request: reward_pb2.ScoreRequest, catalog: TaskCatalog, judge: JudgeConfig | None = None
 ) -> reward_pb2.ScoreBatchItem:
     """One item of ScoreBatch: `score`, with any failure reported on the item (reward 0.0), never raised."""
     try:
-        return reward_pb2.ScoreBatchItem(breakdown=score(request, catalog, judge, solo_mode))
+        return reward_pb2.ScoreBatchItem(breakdown=score(request, catalog, judge))
     except ServiceError as err:
         code, message = err.code, err.message
     except Exception as err:  # noqa: BLE001 - one bad item must not fail the batch

@@ -23,6 +23,8 @@ from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.reward.v1 import reward_pb2
 from sinkflex.errors import ServiceError
 
+from tests.fixtures.reward import MOCK_CASES
+
 ROOT = Path(__file__).resolve().parent.parent
 TYPE_NAMES = {"DB": common_pb2.REWARD_TYPE_DB, "COMMUNICATE": common_pb2.REWARD_TYPE_COMMUNICATE,
               "ACTION": common_pb2.REWARD_TYPE_ACTION, "ENV_ASSERTION": common_pb2.REWARD_TYPE_ENV_ASSERTION,
@@ -41,7 +43,8 @@ def tau2_reward_info(traj, task):
     from reward_service.scoring import build_simulation
 
     sim = build_simulation(traj.task_id, list(traj.messages), traj.termination)
-    return evaluate_simulation(sim, task, EvaluationType.ALL, solo_mode=False, domain="retail")
+    req = traj.request
+    return evaluate_simulation(sim, task, EvaluationType.ALL, solo_mode=req.solo_mode, domain=req.env)
 
 
 #: tau2's reward for each trajectory of the set: the set is not trivial.
@@ -63,6 +66,30 @@ def test_peer_check_equals_tau2_evaluate_simulation(name, retail_trajectories, r
     from reward_service.scoring import to_breakdown
 
     assert ours == to_breakdown(peer)
+
+
+@pytest.mark.parametrize("case", MOCK_CASES, ids=lambda c: f"{c[0]}-{'solo' if c[1] else 'dual'}")
+def test_peer_check_mock_env_assertion_action_and_solo(case, mock_trajectories, reward_client):
+    """tau2's mock domain covers the other bases (ENV_ASSERTION, ACTION) and solo mode."""
+    from reward_service.scoring import to_breakdown
+
+    traj = mock_trajectories[case]
+    ours = reward_client.score(traj.request)
+    peer = tau2_reward_info(traj, mock_trajectories["tasks"][traj.task_id])
+    assert ours == to_breakdown(peer)
+    assert ours.reward == peer.reward == 1.0
+    assert {c.type for c in ours.components} == set(ours.reward_basis)
+
+
+def test_solo_mode_requests_are_checked(retail_trajectories, mock_trajectories, reward_client):
+    with pytest.raises(ServiceError, match="does not support tau2's solo mode") as err:
+        reward_client.score(_request(retail_trajectories["golden"], solo_mode=True))
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    req = _request(mock_trajectories[("create_task_1", True)])
+    req.messages.insert(1, common_pb2.Message(role=common_pb2.ROLE_USER, content="hi"))
+    with pytest.raises(ServiceError, match="a solo episode has none") as err:
+        reward_client.score(req)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_golden_retail_scores_one_with_breakdown(retail_trajectories, retail_tasks, reward_client):

@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("env", "task_id", "messages", "termination_reason")
+    __slots__ = ("env", "task_id", "messages", "termination_reason", "solo_mode")
     ENV_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TERMINATION_REASON_FIELD_NUMBER: _ClassVar[int]
+    SOLO_MODE_FIELD_NUMBER: _ClassVar[int]
     env: str
     task_id: str
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     termination_reason: _common_pb2.TerminationReason
-    def __init__(self, env: _Optional[str] = ..., task_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., termination_reason: _Optional[_Union[_common_pb2.TerminationReason, str]] = ...) -> None: ...
+    solo_mode: bool
+    def __init__(self, env: _Optional[str] = ..., task_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., termination_reason: _Optional[_Union[_common_pb2.TerminationReason, str]] = ..., solo_mode: _Optional[bool] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("breakdown",)
