@@ -1,0 +1,520 @@
+"""The Helm chart (charts/sinkflex): lint, render, Kubernetes schemas, and what the
+rendered manifests must hold — GPU requests, gRPC probes, /dev/shm, wiring to Services.
+
+Rendering is Helm's own (helm-python-sdk, offline); validation is against the Kubernetes
+OpenAPI-derived JSON schemas of kubernetes-validate, in strict mode (unknown fields fail).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import inspect
+import re
+
+import jsonschema
+import kubernetes_validate
+import pytest
+from kubernetes_validate.utils import SchemaNotFoundError, latest_version
+
+from tests.fixtures.deploy import (
+    ALL_OPTIONAL_VALUES,
+    CHART,
+    HEALTH_SERVICES,
+    MULTI_GPU_VALUES,
+    NAMESPACE,
+    PORTS,
+    by_kind,
+    component,
+    full,
+    render_chart,
+    strip,
+    workloads,
+)
+
+GPU_COMPONENTS = {"rollout", "learner", "user-sim"}
+#: The chart's minimum Kubernetes (Chart.yaml kubeVersion) and the newest schemas we have.
+KUBE_VERSIONS = ["1.28.0", latest_version()]
+
+# Minimal schemas of the custom resources the chart may render (no Kubernetes schema
+# exists for them offline): the fields the operators require, with their types.
+_STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+CRD_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {"spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer"},
+                "cooldownPeriod": {"type": "integer"},
+                "triggers": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "required": ["type", "metadata"],
+                    "properties": {"type": {"type": "string"}, "metadata": _STR_MAP,
+                                   "authenticationRef": {"type": "object", "required": ["name"]}},
+                }},
+            },
+        }},
+    },
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {"spec": {"type": "object", "properties": {"secretTargetRef": {"type": "array", "items": {
+            "type": "object", "required": ["parameter", "name", "key"],
+            "properties": {k: {"type": "string"} for k in ("parameter", "name", "key")},
+        }}}}},
+    },
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {"spec": {
+            "type": "object", "required": ["selector", "endpoints"],
+            "properties": {"endpoints": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "properties": {"port": {"type": "string"}, "path": {"type": "string"}, "interval": {"type": "string"}},
+            }}},
+        }},
+    },
+}
+
+
+def containers(workload: dict) -> list[dict]:
+    return workload["spec"]["template"]["spec"]["containers"]
+
+
+def pod_spec(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]
+
+
+def workload_of(manifests, comp: str) -> dict:
+    found = [w for w in workloads(manifests) if component(w) == comp]
+    assert len(found) == 1, f"expected one {comp} workload, got {[w['metadata']['name'] for w in found]}"
+    return found[0]
+
+
+def arg_value(args: list[str], flag: str) -> str:
+    assert flag in args, f"{flag} not in {args}"
+    return args[args.index(flag) + 1]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+# --------------------------------------------------------------------------- lint and schemas
+
+@pytest.mark.parametrize("values", [None, MULTI_GPU_VALUES, {**ALL_OPTIONAL_VALUES, **MULTI_GPU_VALUES}],
+                         ids=["default", "multi-gpu-learner", "all-optional"])
+def test_chart_lints_clean_in_strict_mode(values):
+    import helm_python as helm
+
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version="v1.30.0")
+    assert report["total_charts_linted"] == 1
+    assert report["errors"] == []
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # warnings and errors
+    assert problems == []
+
+
+@pytest.mark.parametrize("which", ["chart_default", "chart_multigpu", "chart_all_optional"])
+def test_every_manifest_validates_against_kubernetes_schemas(which, request):
+    manifests = request.getfixturevalue(which)
+    checked_builtin = checked_crd = 0
+    for m in manifests:
+        doc = strip(m)
+        key = (doc["apiVersion"], doc["kind"])
+        if key in CRD_SCHEMAS:
+            jsonschema.validate(doc, CRD_SCHEMAS[key])
+            checked_crd += 1
+            continue
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except SchemaNotFoundError:
+                pytest.fail(f"no Kubernetes schema for {key} ({m['__template__']})")
+            except kubernetes_validate.ValidationError as err:
+                pytest.fail(f"{m['__template__']} {doc['kind']}/{doc['metadata']['name']} invalid for "
+                            f"Kubernetes {version}: {'.'.join(map(str, err.path))}: {err.message}")
+        checked_builtin += 1
+    assert checked_builtin >= 20
+    assert checked_crd == (4 if which == "chart_all_optional" else 0)  # 2 ScaledObjects, TriggerAuthentication, ServiceMonitor
+
+
+def test_schema_validation_catches_a_broken_manifest(chart_default):
+    """The validator used above is live: a misspelt field and a wrong type are refused."""
+    dep = strip(copy.deepcopy(by_kind(chart_default, "Deployment")[full("env")]))
+    dep["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["prot"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(dep, KUBE_VERSIONS[-1], strict=True)
+    dep = strip(copy.deepcopy(by_kind(chart_default, "Deployment")[full("env")]))
+    dep["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(dep, KUBE_VERSIONS[-1], strict=True)
+
+
+def test_default_objects(chart_default):
+    kinds = {(m["kind"], m["metadata"]["name"]) for m in chart_default}
+    for comp in ("env", "reward", "rollout", "user-sim"):
+        assert ("Deployment", full(comp)) in kinds
+        assert ("Service", full(comp)) in kinds
+    assert ("StatefulSet", full("learner")) in kinds
+    assert ("Service", full("learner-headless")) in kinds
+    assert ("StatefulSet", full("redis")) in kinds
+    assert ("Job", full("train")) in kinds
+    assert ("PersistentVolumeClaim", full("shared")) in kinds
+    assert {"ScaledObject", "ServiceMonitor", "TriggerAuthentication"}.isdisjoint(m["kind"] for m in chart_default)
+
+
+# --------------------------------------------------------------------------- GPUs
+
+@pytest.mark.parametrize("which", ["chart_default", "chart_multigpu"])
+def test_gpu_requests_and_limits(which, request):
+    manifests = request.getfixturevalue(which)
+    expected = {"rollout": 1, "user-sim": 1, "learner": 2 if which == "chart_multigpu" else 1}
+    for w in workloads(manifests):
+        comp = component(w)
+        for c in containers(w):
+            res = c["resources"]
+            if comp in GPU_COMPONENTS:
+                assert res["requests"]["nvidia.com/gpu"] == expected[comp], (comp, res)
+                assert res["limits"]["nvidia.com/gpu"] == expected[comp], (comp, res)
+                assert "cpu" in res["requests"] and "memory" in res["requests"]
+            else:
+                assert "nvidia.com/gpu" not in res.get("requests", {}), comp
+                assert "nvidia.com/gpu" not in res.get("limits", {}), comp
+                assert "memory" in res["requests"], comp
+
+
+def test_gpu_pods_land_on_gpu_nodes(chart_default):
+    for w in workloads(chart_default):
+        spec = pod_spec(w)
+        tolerations = spec.get("tolerations", [])
+        if component(w) in GPU_COMPONENTS:
+            assert spec["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+        else:
+            assert "nvidia.com/gpu.present" not in spec.get("nodeSelector", {})
+            assert not any(t.get("key") == "nvidia.com/gpu" for t in tolerations)
+    learner = workload_of(chart_default, "learner")
+    term = pod_spec(learner)["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "learner"
+
+
+def test_component_scheduling_values_merge_with_gpu_defaults():
+    manifests = render_chart({"rollout": {
+        "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "rl", "effect": "NoSchedule"}],
+    }})
+    spec = pod_spec(workload_of(manifests, "rollout"))
+    assert spec["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge", "nvidia.com/gpu.present": "true"}
+    assert [t["key"] for t in spec["tolerations"]] == ["nvidia.com/gpu", "dedicated"]
+
+
+def test_multi_gpu_learner_is_a_two_node_torchrun_job(chart_multigpu):
+    sts = by_kind(chart_multigpu, "StatefulSet")[full("learner")]
+    headless = by_kind(chart_multigpu, "Service")[full("learner-headless")]
+    front = by_kind(chart_multigpu, "Service")[full("learner")]
+    assert sts["spec"]["replicas"] == 2
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    (c,) = containers(sts)
+    assert c["command"] == ["sinkflex-learner"]
+    env = env_of(c)
+    assert env["NNODES"]["value"] == "2"
+    assert env["NPROC_PER_NODE"]["value"] == "2"
+    assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert env["MASTER_ADDR"]["value"] == f"{full('learner')}-0.{full('learner-headless')}.{NAMESPACE}.svc"
+    rdzv = int(env["MASTER_PORT"]["value"])
+    assert {"name": "rendezvous", "port": rdzv, "targetPort": "rendezvous", "protocol": "TCP"} in headless["spec"]["ports"]
+    assert arg_value(c["args"], "--tensor-parallel-size") == "2"
+    # the gRPC API is global rank 0's: the Service sends traffic to pod 0 only
+    assert front["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == f"{full('learner')}-0"
+
+
+def test_tensor_parallel_must_divide_gpus_per_node():
+    from helm_python import HelmRenderError
+
+    with pytest.raises(HelmRenderError, match=r"tensorParallelSize \(3\) must divide learner.gpusPerNode \(2\)"):
+        render_chart({"learner": {"gpusPerNode": 2, "tensorParallelSize": 3}})
+
+
+# --------------------------------------------------------------------------- probes and shm
+
+def test_native_grpc_probes_on_every_service(chart_default):
+    seen = set()
+    for w in workloads(chart_default):
+        comp = component(w)
+        if comp not in HEALTH_SERVICES:
+            continue
+        (c,) = containers(w)
+        grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+        assert grpc_port == PORTS[comp][0]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert set(c[probe]) & {"exec", "httpGet", "tcpSocket"} == set(), (comp, probe)
+            assert c[probe]["grpc"]["port"] == grpc_port, (comp, probe)
+        assert c["readinessProbe"]["grpc"]["service"] == HEALTH_SERVICES[comp]
+        assert c["startupProbe"]["grpc"]["service"] == HEALTH_SERVICES[comp]
+        # startup allows model loading: periodSeconds * failureThreshold >= the configured budget
+        sp = c["startupProbe"]
+        assert sp["periodSeconds"] * sp["failureThreshold"] >= (1800 if comp in ("rollout", "learner") else 300)
+        seen.add(comp)
+    assert seen == set(HEALTH_SERVICES)
+
+
+@pytest.mark.parametrize("which", ["chart_default", "chart_multigpu"])
+def test_dev_shm_in_memory_for_nccl_and_vllm(which, request):
+    manifests = request.getfixturevalue(which)
+    for comp in GPU_COMPONENTS:
+        spec = pod_spec(workload_of(manifests, comp))
+        (c,) = spec["containers"]
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm")
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert volume["emptyDir"]["medium"] == "Memory", comp
+        assert re.fullmatch(r"\d+Gi", volume["emptyDir"]["sizeLimit"]), comp
+
+
+# --------------------------------------------------------------------------- wiring
+
+_ADDRESS = re.compile(r"^(?:[a-z]+://(?:[^@/]*@)?)?([a-z0-9][a-z0-9.-]*):(\d+)(?:/.*)?$")
+
+
+def _resolve(value: str, env: dict[str, dict]) -> str:
+    """Kubernetes' $(VAR) expansion with literal env values (secrets stay as placeholders)."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: env[m.group(1)].get("value", f"<{m.group(1)}>") if m.group(1) in env else m.group(0), value)
+
+
+def _addresses(container: dict) -> list[tuple[str, str, int]]:
+    """(where, host, port) of every host:port the container is configured with."""
+    env = env_of(container)
+    found = []
+    for name, e in env.items():
+        if "value" in e:
+            m = _ADDRESS.match(_resolve(e["value"], env))
+            if m:
+                found.append((f"env {name}", m.group(1), int(m.group(2))))
+    if "MASTER_ADDR" in env:  # torchrun's rendezvous, host and port apart
+        found.append(("env MASTER_ADDR:MASTER_PORT", env["MASTER_ADDR"]["value"], int(env["MASTER_PORT"]["value"])))
+    for a in container.get("args", []):
+        m = _ADDRESS.match(_resolve(a, env))
+        if m and not a.startswith("-"):
+            found.append((f"arg {a}", m.group(1), int(m.group(2))))
+    return found
+
+
+@pytest.mark.parametrize("which", ["chart_default", "chart_multigpu", "chart_all_optional"])
+def test_every_address_in_the_wiring_is_a_service_port(which, request):
+    manifests = request.getfixturevalue(which)
+    services = by_kind(manifests, "Service")
+    pods = {w["metadata"]["name"]: w for w in workloads(manifests)}
+    wired = set()
+    for w in workloads(manifests):
+        for c in containers(w):
+            for where, host, port in _addresses(c):
+                if host in ("0.0.0.0", "127.0.0.1"):
+                    continue
+                # a Service name, or <pod>.<headless service>.<namespace>.svc of a StatefulSet pod
+                parts = host.split(".")
+                if len(parts) >= 4 and parts[-1] == "svc":
+                    pod, svc_name, ns = parts[0], parts[1], parts[2]
+                    assert ns == NAMESPACE, where
+                    sts = pods[pod.rsplit("-", 1)[0]]
+                    assert sts["kind"] == "StatefulSet" and sts["spec"]["serviceName"] == svc_name, where
+                else:
+                    svc_name = host
+                assert svc_name in services, f"{w['metadata']['name']} {where}: no Service {svc_name}"
+                svc = services[svc_name]
+                svc_port = next((p for p in svc["spec"]["ports"] if p["port"] == port), None)
+                assert svc_port is not None, f"{w['metadata']['name']} {where}: Service {svc_name} has no port {port}"
+                # the Service's selector picks pods whose container has the target port
+                targets = [t for t in workloads(manifests)
+                           if svc["spec"]["selector"].items() <= {
+                               **t["spec"]["template"]["metadata"]["labels"],
+                               **({"statefulset.kubernetes.io/pod-name": f"{t['metadata']['name']}-0"} if t["kind"] == "StatefulSet" else {}),
+                           }.items()]
+                assert targets, f"Service {svc_name} selects no pod"
+                for t in targets:
+                    names = {p["name"]: p["containerPort"] for tc in containers(t) for p in tc.get("ports", [])}
+                    target = svc_port["targetPort"]
+                    assert (target in names) if isinstance(target, str) else (target in names.values()), (svc_name, target)
+                wired.add(svc_name)
+    expected = {full(c) for c in ("env", "reward", "rollout", "learner", "redis", "user-sim", "learner-headless")}
+    assert expected <= wired, f"never wired: {expected - wired}"
+
+
+def test_service_ports_follow_the_project_table(chart_default):
+    services = by_kind(chart_default, "Service")
+    for comp, (grpc_port, metrics_port) in PORTS.items():
+        ports = {p["name"]: p["port"] for p in services[full(comp)]["spec"]["ports"]}
+        assert ports == {"grpc": grpc_port, "metrics": metrics_port}
+        assert services[full(comp)]["metadata"]["labels"]["sinkflex.io/metrics"] == "true"
+        (c,) = containers(workload_of(chart_default, comp))
+        assert arg_value(c["args"], "--port") == str(grpc_port)
+        assert arg_value(c["args"], "--metrics-port") == str(metrics_port)
+        assert arg_value(c["args"], "--host") == "0.0.0.0"
+        assert env_of(c)["SINKFLEX_GRPC_PORT"]["value"] == str(grpc_port)
+
+
+# --------------------------------------------------------------------------- Redis, secrets
+
+def test_redis_persistence_and_auth(chart_default):
+    sts = by_kind(chart_default, "StatefulSet")[full("redis")]
+    secret = by_kind(chart_default, "Secret")[full("redis")]
+    password = base64.b64decode(secret["data"]["redis-password"]).decode()
+    assert len(password) == 32 and password.isalnum()
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    (c,) = containers(sts)
+    assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
+    assert c["args"][c["args"].index("--appendonly") + 1] == "yes"
+    assert c["args"][c["args"].index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert env_of(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": full("redis"), "key": "redis-password"}
+    # every Redis client gets the password from the same Secret, and a URL using it
+    for comp in ("rollout", "learner", "train"):
+        (cc,) = containers(workload_of(chart_default, comp))
+        env = env_of(cc)
+        assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == full("redis")
+        assert env["REDIS_URL"]["value"] == f"redis://:$(REDIS_PASSWORD)@{full('redis')}:6379/0"
+        names = list(env)
+        assert names.index("REDIS_PASSWORD") < names.index("REDIS_URL")  # needed for $(VAR) expansion
+
+
+def test_existing_secrets_and_external_redis():
+    manifests = render_chart({
+        "redis": {"enabled": False, "externalUrl": "redis://redis.example.internal:6379/0",
+                  "auth": {"existingSecret": "my-redis", "existingSecretKey": "pw"}},
+        "modelEndpoints": {"existingSecret": "my-keys"},
+    })
+    assert by_kind(manifests, "Secret") == {}
+    assert full("redis") not in by_kind(manifests, "StatefulSet")
+    (c,) = containers(workload_of(manifests, "rollout"))
+    env = env_of(c)
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "pw"}
+    assert env["REDIS_URL"]["value"] == "redis://redis.example.internal:6379/0"
+    (e,) = containers(workload_of(manifests, "env"))
+    assert env_of(e)["USER_SIM_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "my-keys", "key": "user-sim-api-key"}
+
+
+def test_model_endpoint_keys_come_from_the_secret(chart_all_optional):
+    secret = by_kind(chart_all_optional, "Secret")[full("model-endpoints")]
+    keys = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert keys == {"user-sim-api-key": "EMPTY", "judge-api-key": "EMPTY", "hf-token": "hf_test_token"}
+    (env_c,) = containers(workload_of(chart_all_optional, "env"))
+    assert arg_value(env_c["args"], "--user-api-key") == "$(USER_SIM_API_KEY)"
+    assert env_of(env_c)["USER_SIM_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == full("model-endpoints")
+    (sim,) = containers(workload_of(chart_all_optional, "user-sim"))
+    assert arg_value(sim["args"], "--api-key") == "$(USER_SIM_API_KEY)"
+    (rew,) = containers(workload_of(chart_all_optional, "reward"))
+    assert env_of(rew)["SINKFLEX_JUDGE_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "judge-api-key"
+    for comp in ("rollout", "learner", "user-sim"):
+        (c,) = containers(workload_of(chart_all_optional, comp))
+        assert env_of(c)["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": full("model-endpoints"), "key": "hf-token", "optional": True}
+    # no key is written into any pod spec in clear
+    for w in workloads(chart_all_optional):
+        assert "hf_test_token" not in str(w)
+
+
+def test_user_simulator_wiring(chart_default):
+    (env_c,) = containers(workload_of(chart_default, "env"))
+    (sim,) = containers(workload_of(chart_default, "user-sim"))
+    assert sim["command"] == ["vllm", "serve"]
+    served = arg_value(sim["args"], "--served-model-name")
+    assert arg_value(env_c["args"], "--user-model") == f"openai/{served}"
+    port = arg_value(sim["args"], "--port")
+    assert arg_value(env_c["args"], "--user-base-url") == f"http://{full('user-sim')}:{port}/v1"
+    external = render_chart({"userSim": {"enabled": False, "externalBaseUrl": "https://llm.example/v1", "externalModel": "openai/gpt-4.1"}})
+    (env_c,) = containers(workload_of(external, "env"))
+    assert arg_value(env_c["args"], "--user-base-url") == "https://llm.example/v1"
+    assert arg_value(env_c["args"], "--user-model") == "openai/gpt-4.1"
+    assert full("user-sim") not in by_kind(external, "Deployment")
+    from helm_python import HelmRenderError
+
+    with pytest.raises(HelmRenderError, match="userSim.externalBaseUrl is required"):
+        render_chart({"userSim": {"enabled": False}})
+
+
+# --------------------------------------------------------------------------- availability, security, network
+
+def test_pod_disruption_budgets_cover_every_long_running_component(chart_default):
+    pdbs = by_kind(chart_default, "PodDisruptionBudget")
+    for w in workloads(chart_default):
+        if w["kind"] == "Job":
+            continue
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        matching = [p for p in pdbs.values() if p["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        assert len(matching) == 1, w["metadata"]["name"]
+    assert pdbs[full("learner")]["spec"]["maxUnavailable"] == 0  # one evicted node stops the job
+    assert pdbs[full("env")]["spec"]["maxUnavailable"] == 1
+
+
+def test_pods_run_as_non_root(chart_default):
+    for w in workloads(chart_default):
+        spec = pod_spec(w)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] != 0
+        for c in spec["containers"]:
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_network_policies(chart_default):
+    policies = by_kind(chart_default, "NetworkPolicy")
+    for w in workloads(chart_default):
+        if w["kind"] == "Job":
+            continue
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        assert any(p["spec"]["podSelector"]["matchLabels"].items() <= labels.items() for p in policies.values()), w["metadata"]["name"]
+    redis_from = {f["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                  for f in policies[full("redis")]["spec"]["ingress"][0]["from"]}
+    assert redis_from == {"rollout", "learner", "train"}
+    assert policies[full("redis")]["spec"]["ingress"][0]["ports"] == [{"port": 6379, "protocol": "TCP"}]
+    learner_rules = policies[full("learner")]["spec"]["ingress"]
+    peer_rule = [r for r in learner_rules if "ports" not in r]  # NCCL: every port between learner pods
+    assert peer_rule[0]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "learner"
+    for comp, (grpc_port, metrics_port) in PORTS.items():
+        ports = [p["port"] for r in policies[full(comp)]["spec"]["ingress"] for p in r.get("ports", [])]
+        assert grpc_port in ports and metrics_port in ports, comp
+
+
+# --------------------------------------------------------------------------- optional: KEDA, ServiceMonitor
+
+def test_keda_scaled_objects_on_redis_stream_lag(chart_all_optional):
+    from sinkflex.buffer import TrajectoryBuffer
+
+    defaults = inspect.signature(TrajectoryBuffer).parameters
+    scaled = by_kind(chart_all_optional, "ScaledObject")
+    deployments = by_kind(chart_all_optional, "Deployment")
+    services = by_kind(chart_all_optional, "Service")
+    (auth,) = by_kind(chart_all_optional, "TriggerAuthentication").values()
+    assert set(scaled) == {full("rollout"), full("env")}
+    for so in scaled.values():
+        target = so["spec"]["scaleTargetRef"]
+        assert target["kind"] == "Deployment" and target["name"] in deployments
+        assert "replicas" not in deployments[target["name"]]["spec"]  # KEDA owns the count
+        (trigger,) = so["spec"]["triggers"]
+        meta = trigger["metadata"]
+        assert trigger["type"] == "redis-streams"
+        assert meta["stream"] == defaults["stream"].default
+        assert meta["consumerGroup"] == defaults["consumer_group"].default
+        host, port = meta["address"].split(":")
+        assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
+        assert int(meta["lagCount"]) > 0
+        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    (ref,) = auth["spec"]["secretTargetRef"]
+    assert ref == {"parameter": "password", "name": full("redis"), "key": "redis-password"}
+
+
+def test_service_monitor_scrapes_every_metrics_port(chart_all_optional):
+    (sm,) = by_kind(chart_all_optional, "ServiceMonitor").values()
+    selector = sm["spec"]["selector"]["matchLabels"]
+    selected = [s for s in by_kind(chart_all_optional, "Service").values()
+                if selector.items() <= s["metadata"]["labels"].items()]
+    assert sorted(s["metadata"]["name"] for s in selected) == sorted(full(c) for c in PORTS)
+    assert sm["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    for s in selected:
+        assert "metrics" in [p["name"] for p in s["spec"]["ports"]]
