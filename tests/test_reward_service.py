@@ -239,14 +239,15 @@ def _free_port() -> int:
 
 
 def test_python_m_reward_service_serves_and_stops_on_sigterm(retail_trajectories):
-    """The entry point: NOT_SERVING -> SERVING, scores the golden trajectory, exits 0 on SIGTERM."""
+    """The entry point: SERVING once loaded, scores the golden trajectory, counts it in /metrics, exits 0 on SIGTERM."""
     from reward_service.client import GrpcRewardClient
     from sinkflex.serving import make_channel, wait_for_serving
 
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reward_service", "--host", "127.0.0.1", "--port", str(port), "--no-metrics"],
+        [sys.executable, "-m", "reward_service", "--host", "127.0.0.1", "--port", str(port),
+         "--metrics-port", str(metrics_port)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -255,6 +256,10 @@ def test_python_m_reward_service_serves_and_stops_on_sigterm(retail_trajectories
         channel.close()
         with GrpcRewardClient(f"127.0.0.1:{port}") as client:
             assert client.score(retail_trajectories["golden"].request).reward == 1.0
+        import urllib.request
+
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert 'grpc_method="Score"' in metrics and 'sinkflex_service="reward"' in metrics
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out[-3000:]
