@@ -6,7 +6,7 @@ the command line of `python -m env_service`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import Field
 
@@ -39,6 +39,10 @@ class EnvServiceConfig(StrictModel):
     user_max_tokens: Optional[int] = Field(None, ge=1)
     """Cap on tokens of one user-simulator reply; None: the endpoint's default."""
 
+    user_llm_extra_args: dict[str, Any] = Field(default_factory=dict)
+    """More `litellm.completion` arguments for the user LLM (e.g. top_p, extra_headers,
+    timeout, num_retries; litellm's own `mock_response` gives a scripted user)."""
+
     max_sessions: int = Field(1024, ge=1)
     """Open sessions at most; a Reset beyond it fails with RESOURCE_EXHAUSTED."""
 
@@ -67,4 +71,5 @@ class EnvServiceConfig(StrictModel):
             args["api_base"] = self.user_base_url
         if self.user_max_tokens is not None:
             args["max_tokens"] = self.user_max_tokens
+        args.update(self.user_llm_extra_args)
         return args

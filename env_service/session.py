@@ -83,6 +83,9 @@ class GymAgent(_Tau2GymAgent):
         super().__init__(tools=tools, domain_policy=domain_policy)
         self.pending: Optional[AssistantMessage] = None
 
+    def set_seed(self, seed: int) -> None:  # the actions come from outside: nothing to seed
+        pass
+
     def generate_next_message(self, message, state):
         if self.pending is None:  # invariant: the session only steps with an action set
             raise RuntimeError("the orchestrator asked the agent for a message without an action")

@@ -1,0 +1,112 @@
+"""Replay of a tau2 task's golden actions through any EnvClient, scored by tau2's evaluator.
+
+The golden actions are the task's `evaluation_criteria.actions`. Each is sent as one
+agent tool call; then the agent stops, its final message carrying the task's
+`communicate_info` (what tau2's COMMUNICATE check looks for). Actions requested by the
+user (telecom) can only be sent by the agent in solo mode, where the agent holds the
+user's tools; otherwise they are skipped (and the DB will not match).
+
+The trajectory the service produced (observations plus actions) is turned back into
+tau2 messages with `env_service.convert` and scored with tau2's
+`evaluate_simulation(..., EvaluationType.ALL)`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from env_service import convert
+from sinkflex.api.common.v1 import common_pb2
+from sinkflex.api.env.v1 import env_pb2
+
+
+@dataclass
+class ReplayResult:
+    session_id: str
+    messages: list  # wire messages: Reset observation, then per step the action and its observation
+    termination_reason: str  # tau2 TerminationReason value
+    server_reward: float
+    reward: float  # tau2's evaluator on `messages`
+    breakdown: dict = field(default_factory=dict)
+    num_steps: int = 0
+
+
+_PB_TO_TAU2_REASON = {
+    common_pb2.TERMINATION_REASON_AGENT_STOP: "agent_stop",
+    common_pb2.TERMINATION_REASON_USER_STOP: "user_stop",
+    common_pb2.TERMINATION_REASON_MAX_STEPS: "max_steps",
+    common_pb2.TERMINATION_REASON_TOO_MANY_ERRORS: "too_many_errors",
+    common_pb2.TERMINATION_REASON_AGENT_ERROR: "agent_error",
+    common_pb2.TERMINATION_REASON_USER_ERROR: "user_error",
+}
+
+
+def golden_task(env: str, task_id: str):
+    """tau2's Task `task_id` of domain `env` (all splits)."""
+    from tau2.registry import registry
+
+    for t in registry.get_tasks_loader(env)(None):
+        if t.id == task_id:
+            return t
+    raise KeyError(f"no task {task_id!r} in tau2 domain {env!r}")
+
+
+def score(env: str, task, messages: list, termination_reason: str, solo_mode: bool = False):
+    """tau2's RewardInfo for a wire trajectory (`evaluate_simulation`, EvaluationType.ALL)."""
+    from tau2.data_model.simulation import SimulationRun
+    from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+    from tau2.utils.utils import get_now
+
+    run = SimulationRun(id="replay", task_id=task.id, start_time=get_now(), end_time=get_now(), duration=0.0,
+                        termination_reason=termination_reason, messages=convert.to_tau2_messages(messages, include_system=False))
+    return evaluate_simulation(simulation=run, task=task, evaluation_type=EvaluationType.ALL, solo_mode=solo_mode, domain=env)
+
+
+def replay_golden(client, env: str, task_id: str, solo_mode: bool = False,
+                  edit: Optional[Callable[[int, str, dict], dict]] = None, close: bool = True) -> ReplayResult:
+    """Runs the golden actions of `task_id` through `client` (an EnvClient) and scores them.
+
+    Args:
+        edit: optional `(index, tool_name, arguments) -> arguments` to change an action
+            (e.g. one wrong argument).
+    """
+    task = golden_task(env, task_id)
+    reset = client.reset(env_pb2.ResetRequest(env=env, task_id=task_id, solo_mode=solo_mode, seed=1))
+    messages = list(reset.observation)
+    step = None
+    n = 0
+    for i, action in enumerate(task.evaluation_criteria.actions or []):
+        if action.requestor != "assistant" and not solo_mode:
+            continue
+        args = dict(action.arguments)
+        if edit is not None:
+            args = edit(i, action.name, args)
+        msg = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, tool_calls=[
+            common_pb2.ToolCall(id=f"golden-{i}", name=action.name, arguments_json=json.dumps(args),
+                                requestor=common_pb2.ROLE_ASSISTANT)])
+        step = client.step(env_pb2.StepRequest(session_id=reset.session_id, action=msg))
+        n += 1
+        messages += [msg, *step.observation]
+        if step.terminated or step.truncated:
+            break
+    if step is None or not (step.terminated or step.truncated):
+        info = task.evaluation_criteria.communicate_info or []
+        final = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT)
+        if info:
+            final.content = "; ".join(str(x) for x in info)
+        step = client.step(env_pb2.StepRequest(session_id=reset.session_id, action=final, stop=True))
+        n += 1
+        # As tau2 records it: the stop is the agent's message with the stop token.
+        from env_service.session import STOP_TOKEN
+
+        final.content = f"{final.content} {STOP_TOKEN}".strip() if final.HasField("content") else STOP_TOKEN
+        messages += [final, *step.observation]
+    if close:
+        client.close(reset.session_id)
+    reason = _PB_TO_TAU2_REASON.get(step.termination_reason, "agent_error")
+    info = score(env, task, messages, reason, solo_mode=solo_mode)
+    breakdown = {str(k.value if hasattr(k, "value") else k): v for k, v in (info.reward_breakdown or {}).items()}
+    return ReplayResult(session_id=reset.session_id, messages=messages, termination_reason=reason,
+                        server_reward=step.reward, reward=float(info.reward), breakdown=breakdown, num_steps=n)

@@ -1,0 +1,90 @@
+"""`sinkflex-rl env ...`: serve tau2 domains, check any env server, replay golden actions."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+app = typer.Typer(help="The env service: serve, check conformance, replay golden actions.", no_args_is_help=True)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(50051),
+    user_model: Optional[str] = typer.Option(None, help='litellm model of the user simulator, e.g. "openai/smollm2"'),
+    user_base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL of the user LLM"),
+    max_sessions: Optional[int] = typer.Option(None),
+) -> None:
+    """Serve every tau2 domain over gRPC (same as `python -m env_service`)."""
+    from env_service.__main__ import main
+
+    argv = ["--host", host, "--port", str(port)]
+    for flag, value in (("--user-model", user_model), ("--user-base-url", user_base_url), ("--max-sessions", max_sessions)):
+        if value is not None:
+            argv += [flag, str(value)]
+    main(argv)
+
+
+@app.command()
+def check(
+    address: str = typer.Argument(..., help="host:port of any EnvService server"),
+    env: Optional[str] = typer.Option(None, help="environment to run episodes on (default: the first listed)"),
+    task: Optional[str] = typer.Option(None, help="task to run (default: the env's first task)"),
+    solo: Optional[bool] = typer.Option(None, "--solo/--no-solo", help="solo mode (default: where the env supports it)"),
+    timeout: float = typer.Option(120.0, help="seconds per call"),
+) -> None:
+    """Run the conformance suite against an env server; print what passes and fails."""
+    from env_service.conformance import format_results, run_checks
+
+    results = run_checks(address, env=env, task_id=task, solo=solo, timeout=timeout)
+    typer.echo(format_results(results))
+    if not all(r.passed for r in results):
+        raise typer.Exit(1)
+
+
+@app.command()
+def replay(
+    env: str = typer.Option(..., "--env", help="tau2 domain"),
+    task: str = typer.Option(..., "--task", help="task id"),
+    address: Optional[str] = typer.Option(None, help="env server host:port (default: in-process)"),
+    solo: bool = typer.Option(False, "--solo", help="solo mode (mock, telecom)"),
+    user_model: Optional[str] = typer.Option(None, help="user LLM (in-process only)"),
+    user_base_url: Optional[str] = typer.Option(None, help="user LLM base URL (in-process only)"),
+    show: bool = typer.Option(False, "--show", help="print the trajectory"),
+) -> None:
+    """Replay a task's golden actions through the env service and print the final reward.
+
+    The reward is tau2's evaluator (`evaluate_simulation`, DB/ENV_ASSERTION/ACTION/
+    COMMUNICATE) on the trajectory the service produced; the server's own reward is shown too.
+    """
+    from env_service.logs import quiet_tau2_logs
+
+    quiet_tau2_logs()
+    from env_service.replay import replay_golden
+
+    client = None
+    if address:
+        from env_service.client import GrpcEnvClient
+
+        client = GrpcEnvClient(address, wait_ready=True)
+    else:
+        from env_service.client import LocalEnvClient
+        from env_service.config import EnvServiceConfig
+
+        kw = {"domains": (env,)}
+        if user_model:
+            kw["user_model"] = user_model
+        if user_base_url:
+            kw["user_base_url"] = user_base_url
+        client = LocalEnvClient(EnvServiceConfig(**kw))
+    result = replay_golden(client, env, task, solo_mode=solo)
+    if show:
+        from google.protobuf import text_format
+
+        for m in result.messages:
+            typer.echo(text_format.MessageToString(m, as_one_line=True))
+    typer.echo(f"env={env} task={task} steps={result.num_steps} termination={result.termination_reason} "
+               f"server_reward={result.server_reward:g}")
+    typer.echo(f"reward={result.reward:g} breakdown={result.breakdown}")
