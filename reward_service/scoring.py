@@ -8,6 +8,9 @@ is re-implemented here: the DB check (replay of the trajectory's tool calls on a
 environment vs. the golden actions), ENV_ASSERTION, ACTION, COMMUNICATE and the
 NL-assertion judge are tau2's. What this module adds:
 
+- the conversation: system messages are dropped (tau2's `SimulationRun.messages` never
+  holds the system prompt); `solo_mode` is passed on (refused for an env without solo
+  mode, or with user messages present).
 - request validation: unknown env or task -> NOT_FOUND; empty names, an unspecified
   termination reason, or messages that are not a conversation (a tool message that
   answers no pending call, answers out of order, or a turn taken while tool calls are
@@ -20,7 +23,10 @@ NL-assertion judge are tau2's. What this module adds:
   replay of its tool calls fails, or a stop right after an unanswered tool call) scores
   0.0 with the reason, as tau2's `skip_failed_samples` does.
 - NL_ASSERTION: evaluated with `EvaluationType.ALL_WITH_NL_ASSERTIONS` through tau2's
-  judge prompt, sent to the configured OpenAI-compatible endpoint. Without a judge the
+  judge prompt, sent to the configured OpenAI-compatible endpoint (tau2 hard-codes its
+  judge model; a thread-local hook on its `generate` swaps in ours, see `_install_judge_hook`).
+  No task shipped with tau2 has NL_ASSERTION in its basis; tau2's default (`ALL`) would
+  raise on one. Without a judge the
   request fails with FAILED_PRECONDITION; a judge that fails or answers garbage gives
   UNAVAILABLE (an infrastructure fault, not the policy's).
 - the breakdown: one `RewardComponent` per check in tau2's `reward_breakdown`, with tau2's
