@@ -518,3 +518,21 @@ def test_service_monitor_scrapes_every_metrics_port(chart_all_optional):
     assert sm["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
     for s in selected:
         assert "metrics" in [p["name"] for p in s["spec"]["ports"]]
+
+
+def test_gpt_oss_20b_values_render_valid_manifests():
+    """charts/sinkflex/values-gpt-oss-20b.yaml (docs/deploy.md): 8-GPU learner, 2 rollout engines."""
+    import yaml
+
+    values = yaml.safe_load((CHART / "values-gpt-oss-20b.yaml").read_text())
+    manifests = render_chart(values)
+    for m in manifests:
+        kubernetes_validate.validate(strip(m), KUBE_VERSIONS[-1], strict=True)
+    (learner,) = containers(workload_of(manifests, "learner"))
+    assert learner["resources"]["requests"]["nvidia.com/gpu"] == 8
+    assert env_of(learner)["NPROC_PER_NODE"]["value"] == "8"
+    rollout = workload_of(manifests, "rollout")
+    assert rollout["spec"]["replicas"] == 2
+    assert arg_value(containers(rollout)[0]["args"], "--model") == "openai/gpt-oss-20b"
+    (job,) = containers(workload_of(manifests, "train"))
+    assert job["args"][:2] == ["-c", "configs/gpt-oss-20b.yaml"]

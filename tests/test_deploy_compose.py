@@ -1,0 +1,253 @@
+"""docker-compose.yml: the compose specification's JSON schema, GPU reservations,
+profiles, ports and wiring — and that it agrees with the Helm chart and the configs.
+
+No Docker engine here: the file is validated against the compose-spec schema vendored by
+check-jsonschema, and its wiring is checked the way compose resolves it (service names
+and network aliases on the project network, `${VAR:-default}` interpolation).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from importlib import resources
+
+import jsonschema
+import pytest
+
+from tests.fixtures.deploy import (
+    PORTS,
+    ROOT,
+    by_kind,
+    full,
+    interpolate_defaults,
+    workloads,
+)
+
+GPU_SERVICES = {"user-sim", "rollout", "learner"}
+CPU_TWINS = {"user-sim-cpu": "user-sim", "rollout-cpu": "rollout", "learner-cpu": "learner", "train-cpu": "train"}
+SHARED = {"redis", "env", "reward"}
+
+
+@pytest.fixture(scope="module")
+def compose_schema() -> dict:
+    ref = resources.files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json")
+    return json.loads(ref.read_text())
+
+
+def _interpolated(node):
+    if isinstance(node, str):
+        return interpolate_defaults(node)
+    if isinstance(node, list):
+        return [_interpolated(x) for x in node]
+    if isinstance(node, dict):
+        return {k: _interpolated(v) for k, v in node.items()}
+    return node
+
+
+def active(compose: dict, profiles: set[str]) -> dict[str, dict]:
+    """Services compose enables with `profiles` active (no `profiles:` = always)."""
+    return {n: s for n, s in compose["services"].items() if not s.get("profiles") or set(s["profiles"]) & profiles}
+
+
+def started(compose: dict, targets: list[str], profiles: set[str]) -> dict[str, dict]:
+    """Services `docker compose [--profile P] up TARGETS` starts: the targets and their depends_on, transitively."""
+    enabled = active(compose, profiles)
+    todo, out = list(targets), {}
+    while todo:
+        name = todo.pop()
+        assert name in enabled, f"{name} is not enabled with profiles {profiles}"
+        if name not in out:
+            out[name] = enabled[name]
+            todo.extend(enabled[name].get("depends_on", {}))
+    return out
+
+
+def listen_port(name: str, svc: dict) -> int:
+    cmd = [interpolate_defaults(c) for c in svc.get("command", [])]
+    if "--port" in cmd:
+        return int(cmd[cmd.index("--port") + 1])
+    if svc["image"].startswith("redis"):
+        return 6379
+    raise AssertionError(f"{name}: no --port in its command")
+
+
+def hostnames(name: str, svc: dict) -> set[str]:
+    aliases = (svc.get("networks") or {}).get("default", {}) or {}
+    return {name, *aliases.get("aliases", [])}
+
+
+# --------------------------------------------------------------------------- schema
+
+def test_compose_validates_against_the_compose_spec(compose, compose_schema):
+    validator = jsonschema.Draft202012Validator(compose_schema)
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(compose)]
+    assert errors == []
+    # and with every ${VAR:-default} replaced by its default (what `docker compose config` sees)
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(_interpolated(compose))]
+    assert errors == []
+
+
+def test_schema_catches_a_broken_gpu_reservation(compose, compose_schema):
+    broken = copy.deepcopy(compose)
+    del broken["services"]["rollout"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"]
+    with pytest.raises(jsonschema.ValidationError, match="capabilities"):
+        jsonschema.validate(broken, compose_schema)
+    broken = copy.deepcopy(compose)
+    broken["services"]["env"]["healthcheck"]["retry"] = 3  # misspelt key
+    with pytest.raises(jsonschema.ValidationError, match="retry"):
+        jsonschema.validate(broken, compose_schema)
+
+
+# --------------------------------------------------------------------------- profiles and GPUs
+
+def test_default_stack_is_the_gpu_stack_and_cpu_profile_has_twins(compose):
+    default = active(compose, set())
+    assert set(default) == SHARED | GPU_SERVICES | {"train"}
+    for name in SHARED | GPU_SERVICES | {"train"}:
+        assert "profiles" not in compose["services"][name], name
+    for twin in CPU_TWINS:
+        assert compose["services"][twin]["profiles"] == ["cpu"]
+    # `docker compose --profile cpu up train-cpu` starts the CPU stack and nothing that needs a GPU
+    cpu_run = started(compose, ["train-cpu"], {"cpu"})
+    assert set(cpu_run) == SHARED | set(CPU_TWINS)
+    gpu_run = started(compose, ["train"], set())
+    assert set(gpu_run) == {"redis", "env", "reward", "rollout", "learner", "train"}
+
+
+def test_gpu_reservations(compose):
+    for name, svc in compose["services"].items():
+        devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        if name in GPU_SERVICES:
+            (dev,) = devices
+            assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"], name
+            assert re.fullmatch(r"\$\{[A-Z_]+_GPUS:-[0-9,]+\}", dev["device_ids"][0]), name
+        else:
+            assert devices == [], f"{name} reserves a GPU"
+    # the three GPU services get different GPUs by default
+    ids = [interpolate_defaults(compose["services"][n]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0])
+           for n in sorted(GPU_SERVICES)]
+    assert len(set(ids)) == 3
+    # NCCL and vLLM workers need shared memory
+    assert compose["services"]["learner"]["ipc"] == "host"
+    assert compose["services"]["rollout"]["ipc"] == "host"
+
+
+# --------------------------------------------------------------------------- ports and wiring
+
+@pytest.mark.parametrize("name", ["env", "reward", "rollout", "learner", "rollout-cpu", "learner-cpu"])
+def test_service_ports_follow_the_project_table_and_the_chart(name, compose, chart_default):
+    svc = compose["services"][name]
+    comp = CPU_TWINS.get(name, name)
+    grpc_port, metrics_port = PORTS[comp]
+    cmd = [interpolate_defaults(c) for c in svc["command"]]
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert int(cmd[cmd.index("--port") + 1]) == grpc_port
+    assert int(cmd[cmd.index("--metrics-port") + 1]) == metrics_port
+    if "ports" in svc:
+        assert f"{grpc_port}:{grpc_port}" in svc["ports"] and f"{metrics_port}:{metrics_port}" in svc["ports"]
+    # the chart's Service for the same component exposes the same ports
+    chart_ports = {p["name"]: p["port"] for p in by_kind(chart_default, "Service")[full(comp)]["spec"]["ports"]}
+    assert chart_ports == {"grpc": grpc_port, "metrics": metrics_port}
+
+
+_HOSTPORT = re.compile(r"(?:[a-z]+://(?:[^@/]*@)?)?([a-z][a-z0-9-]*):(\d+)(?:/\S*)?$")
+
+
+@pytest.mark.parametrize("targets,profiles", [(["train"], set()), (["train-cpu"], {"cpu"})], ids=["gpu", "cpu"])
+def test_every_address_resolves_to_a_started_service_and_its_port(targets, profiles, compose):
+    run = started(compose, targets, profiles)
+    # user-sim is not a depends_on of env (env loads without it), so add the stack's model server
+    run.update({n: s for n, s in active(compose, profiles).items()
+                if "user-sim" in hostnames(n, s) and (n in CPU_TWINS) == bool(profiles)})
+    names = {h: (n, s) for n, s in run.items() for h in hostnames(n, s)}
+    checked = 0
+    for name, svc in run.items():
+        values = [interpolate_defaults(c) for c in svc.get("command", [])]
+        values += [interpolate_defaults(str(v)) for v in (svc.get("environment") or {}).values()]
+        for value in values:
+            m = _HOSTPORT.fullmatch(value)
+            if not m or m.group(1) in ("localhost",):
+                continue
+            host, port = m.group(1), int(m.group(2))
+            assert host in names, f"{name}: {value!r} names no started service or alias"
+            target_name, target = names[host]
+            assert port == listen_port(target_name, target), f"{name}: {value!r} but {target_name} listens elsewhere"
+            checked += 1
+    assert checked >= 8
+
+
+def test_depends_on_waits_for_health(compose):
+    for name, svc in compose["services"].items():
+        for dep, cond in svc.get("depends_on", {}).items():
+            assert cond == {"condition": "service_healthy"}, (name, dep)
+            assert "healthcheck" in compose["services"][dep], f"{name} waits on {dep}, which has no healthcheck"
+            # a service never waits on one of another profile
+            assert compose["services"][dep].get("profiles", []) in ([], svc.get("profiles", [])), (name, dep)
+
+
+def test_healthchecks_probe_the_grpc_port_the_service_listens_on(compose):
+    for name, svc in compose["services"].items():
+        if name in ("redis", "train", "train-cpu") or "user-sim" in name:
+            continue
+        test = svc["healthcheck"]["test"]
+        assert test[0] == "CMD-SHELL" and "python -m sinkflex.healthcheck" in test[1], name
+        assert "$${SINKFLEX_GRPC_PORT}" in test[1], name
+        dockerfile = ROOT / svc["build"]["dockerfile"] if "build" in svc else None
+        assert dockerfile and dockerfile.is_file(), name
+        image_port = re.search(r"SINKFLEX_GRPC_PORT=(\d+)", dockerfile.read_text()).group(1)
+        assert int(image_port) == listen_port(name, svc), f"{name}: image checks {image_port}"
+
+
+def test_images_are_built_here_and_shared_with_the_chart(compose, chart_default):
+    built = {s["image"]: s["build"] for s in compose["services"].values() if "build" in s}
+    for name, svc in compose["services"].items():
+        image = svc["image"]
+        if image.startswith("redis:"):
+            continue
+        assert image in built, f"{name} uses {image}, which no service builds"
+        assert (ROOT / built[image]["dockerfile"]).is_file()
+    chart_repos = {c["image"].rsplit(":", 1)[0] for w in workloads(chart_default)
+                   for c in w["spec"]["template"]["spec"]["containers"]}
+    compose_repos = {i.rsplit(":", 1)[0] for i in built}
+    assert chart_repos - {"redis"} == compose_repos
+    assert compose["services"]["redis"]["image"] == "redis:7.4-alpine"
+    assert any(c["image"] == "redis:7.4-alpine" for w in workloads(chart_default) for c in w["spec"]["template"]["spec"]["containers"])
+
+
+def test_same_models_and_user_simulator_as_the_chart(compose, chart_default):
+    def default(svc, flag):
+        cmd = compose["services"][svc]["command"]
+        return interpolate_defaults(cmd[cmd.index(flag) + 1])
+
+    import yaml
+
+    values = yaml.safe_load((ROOT / "charts" / "sinkflex" / "values.yaml").read_text())
+    assert default("rollout", "--model") == values["rollout"]["model"]
+    assert default("learner", "--model") == values["learner"]["model"]
+    assert interpolate_defaults(compose["services"]["user-sim"]["command"][0]) == values["userSim"]["model"]
+    for sim in ("user-sim", "user-sim-cpu"):
+        cmd = compose["services"][sim]["command"]
+        assert cmd[cmd.index("--served-model-name") + 1] == values["userSim"]["servedModelName"]
+    env_cmd = compose["services"]["env"]["command"]
+    assert env_cmd[env_cmd.index("--user-model") + 1] == f"openai/{values['userSim']['servedModelName']}"
+
+
+def test_training_config_paths_exist(compose):
+    """Every config the deployment runs (compose's default, the chart's) is in configs/."""
+    import yaml
+
+    values = yaml.safe_load((ROOT / "charts" / "sinkflex" / "values.yaml").read_text())
+    referenced = [(values["trainingConfig"], "charts/sinkflex/values.yaml trainingConfig")]
+    for name in ("train", "train-cpu"):
+        cmd = [interpolate_defaults(c) for c in compose["services"][name]["command"]]
+        referenced.append((cmd[cmd.index("-c") + 1], f"docker-compose.yml {name}"))
+    for example in sorted((ROOT / "charts" / "sinkflex").glob("values-*.yaml")):
+        cfg = (yaml.safe_load(example.read_text()) or {}).get("trainingConfig")
+        if cfg:
+            referenced.append((cfg, str(example.relative_to(ROOT))))
+    assert len(referenced) >= 3
+    missing = [(p, where) for p, where in referenced if not (ROOT / p).is_file()]
+    assert not missing, "configs referenced by the deployment do not exist yet: " + ", ".join(
+        f"{p} (from {w})" for p, w in missing)
