@@ -78,7 +78,8 @@ def main(argv=None) -> int:
 
         b = cfg.buffer
         buffer = TrajectoryBuffer(url=b.url, stream=b.stream, consumer_group=b.consumer_group, claim_idle_ms=b.claim_idle_ms)
-    runner = LearnerRunner(learner, buffer)
+    kill_at = os.environ.get("SINKFLEX_LEARNER_KILL_BEFORE_ACK_STEP")  # fault injection (tests)
+    runner = LearnerRunner(learner, buffer, kill_before_ack_step=int(kill_at) if kill_at else None)
     signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
     signal.signal(signal.SIGINT, lambda *_: runner.request_stop())
     if learner.rank == 0 and not args.no_server:

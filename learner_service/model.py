@@ -103,6 +103,7 @@ def shard_model(model: nn.Module, reshard_after_forward: bool = True) -> nn.Modu
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
     return model
 
 
