@@ -61,7 +61,7 @@ COPY learner_service ./learner_service
 COPY rollout_service ./rollout_service
 COPY env_service ./env_service
 COPY reward_service ./reward_service
-COPY docker/learner-entrypoint.sh /usr/local/bin/sinkflex-learner
+COPY --chmod=0755 docker/learner-entrypoint.sh /usr/local/bin/sinkflex-learner
 COPY configs ./configs
 RUN pip install --no-deps . && rm -rf build /tmp/build
 # The embedded-default model, prepared once at build time (CPU image only):

@@ -23,6 +23,8 @@ COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY sinkflex ./sinkflex
 COPY reward_service ./reward_service
+# reward_service converts wire messages with env_service.convert
+COPY env_service ./env_service
 RUN pip install --no-deps . && rm -rf build /tmp/build
 
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex
