@@ -1,0 +1,17 @@
+"""Attention masks as small factories (attention-gym style), composable with ``&``."""
+
+from sinkflex.attention.masks.causal import generate_causal
+from sinkflex.attention.masks.document import generate_document
+from sinkflex.attention.masks.padding import generate_padding
+from sinkflex.attention.masks.sliding_window import generate_sliding_window
+from sinkflex.attention.masks.spec import MaskMod, MaskSpec, and_masks
+
+__all__ = [
+    "MaskMod",
+    "MaskSpec",
+    "and_masks",
+    "generate_causal",
+    "generate_document",
+    "generate_padding",
+    "generate_sliding_window",
+]
