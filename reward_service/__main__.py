@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -20,16 +19,16 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command()
 def main(
-    host: Optional[str] = typer.Option(None, help="address to bind [default: 127.0.0.1]"),
-    port: Optional[int] = typer.Option(None, help="gRPC port, 0 for any [default: 50052]"),
-    metrics_port: Optional[int] = typer.Option(None, help="Prometheus port [default: 9092]"),
+    host: str | None = typer.Option(None, help="address to bind [default: 127.0.0.1]"),
+    port: int | None = typer.Option(None, help="gRPC port, 0 for any [default: 50052]"),
+    metrics_port: int | None = typer.Option(None, help="Prometheus port [default: 9092]"),
     no_metrics: bool = typer.Option(False, "--no-metrics", help="do not serve Prometheus metrics"),
-    max_message_bytes: Optional[int] = typer.Option(None, help="gRPC message-size limit, bytes [default: 64 MiB]"),
-    preload_env: Optional[list[str]] = typer.Option(None, help="env whose tasks load before SERVING (repeatable)"),
-    judge_model: Optional[str] = typer.Option(None, help="NL-assertion judge model name (enables NL_ASSERTION)"),
-    judge_base_url: Optional[str] = typer.Option(None, help="judge's OpenAI-compatible base URL, e.g. http://h:8000/v1"),
-    judge_api_key: Optional[str] = typer.Option(None, envvar="SINKFLEX_JUDGE_API_KEY", help="judge's API key"),
-    config: Optional[Path] = typer.Option(None, help="YAML RewardServiceConfig; flags override it"),
+    max_message_bytes: int | None = typer.Option(None, help="gRPC message-size limit, bytes [default: 64 MiB]"),
+    preload_env: list[str] | None = typer.Option(None, help="env whose tasks load before SERVING (repeatable)"),
+    judge_model: str | None = typer.Option(None, help="NL-assertion judge model name (enables NL_ASSERTION)"),
+    judge_base_url: str | None = typer.Option(None, help="judge's OpenAI-compatible base URL, e.g. http://h:8000/v1"),
+    judge_api_key: str | None = typer.Option(None, envvar="SINKFLEX_JUDGE_API_KEY", help="judge's API key"),
+    config: Path | None = typer.Option(None, help="YAML RewardServiceConfig; flags override it"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Serves tau2-Bench's reward checker (Score, ScoreBatch) over gRPC until SIGTERM."""

@@ -70,7 +70,7 @@ class GrpcRewardClient:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> "GrpcRewardClient":
+    def __enter__(self) -> GrpcRewardClient:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -42,14 +42,19 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import grpc
 
 from reward_service.config import JudgeConfig
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.reward.v1 import reward_pb2
-from sinkflex.errors import ServiceError, failed_precondition, invalid_argument, not_found
+from sinkflex.errors import (
+    ServiceError,
+    failed_precondition,
+    invalid_argument,
+    not_found,
+)
 
 #: Longest reason text put into a breakdown's `info` (tau2 replay errors quote whole tool outputs).
 MAX_REASON_CHARS = 2000

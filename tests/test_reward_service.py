@@ -22,7 +22,6 @@ import pytest
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.reward.v1 import reward_pb2
 from sinkflex.errors import ServiceError
-
 from tests.fixtures.reward import MOCK_CASES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +137,7 @@ def test_nine_megabyte_trajectory_is_scored(retail_tasks, reward_client):
         small.score(long.request)
     assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     small.close()
-    server, servicer = build_server(RewardServiceConfig(port=0, metrics_port=None, max_message_bytes=4 << 20))
+    server, _ = build_server(RewardServiceConfig(port=0, metrics_port=None, max_message_bytes=4 << 20))
     port = server.start()
     server.set_serving()
     try:
@@ -220,7 +219,9 @@ def test_nl_assertion_task_without_judge_is_refused(retail_trajectories, reward_
 
 def test_health_and_reflection(reward_server):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
 
     from reward_service.server import SERVICE_NAME
 
