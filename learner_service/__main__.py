@@ -18,7 +18,8 @@ import signal
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m learner_service", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="YAML file of LearnerConfig")
+    p.add_argument("--config", help="YAML file of LearnerConfig (default: all defaults, needs --model)")
+    p.add_argument("--model", help="overrides model.path: a transformers model folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50054, help="LearnerService port (rank 0); 0: any free port")
     p.add_argument("--metrics-port", type=int, default=9094, help="Prometheus port (rank 0); -1: off")
@@ -35,11 +36,18 @@ def config_from_args(args: argparse.Namespace):
     from learner_service.config import LearnerConfig, load_learner_config
     from sinkflex.config import validate_config
 
-    data = load_learner_config(args.config).model_dump()
+    if args.config:
+        data = load_learner_config(args.config).model_dump()
+    elif args.model:
+        data = {"model": {"path": args.model}}
+    else:
+        raise SystemExit("python -m learner_service: give --config FILE or --model FOLDER")
+    if args.model:
+        data["model"] = {**data["model"], "path": args.model, "arch": None}
     if args.run_dir:
         data["run_dir"] = args.run_dir
     if args.redis_url:
-        data["buffer"]["url"] = args.redis_url
+        data.setdefault("buffer", {})["url"] = args.redis_url
     if args.rollout_address:
         data["rollout_address"] = args.rollout_address
     return validate_config(data, LearnerConfig, source="command line")
