@@ -52,17 +52,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True \
     HF_HOME=/models/hf \
     SINKFLEX_CACHE=/opt/sinkflex-cache \
+    SINKFLEX_CONFIG=configs/retail.yaml \
     SINKFLEX_GRPC_PORT=50054
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY sinkflex ./sinkflex
-COPY learner_service ./learner_service
-COPY rollout_service ./rollout_service
+# every service package: sinkflex-service derives this service's config from the
+# experiment file with sinkflex.train.config, which reads each service's config model
 COPY env_service ./env_service
 COPY reward_service ./reward_service
-COPY --chmod=0755 docker/learner-entrypoint.sh /usr/local/bin/sinkflex-learner
+COPY rollout_service ./rollout_service
+COPY learner_service ./learner_service
 COPY configs ./configs
+COPY --chmod=0755 docker/sinkflex_service.py /usr/local/bin/sinkflex-service
+COPY --chmod=0755 docker/learner-entrypoint.sh /usr/local/bin/sinkflex-learner
 RUN pip install --no-deps . && rm -rf build /tmp/build
 # The embedded-default model, prepared once at build time (CPU image only):
 # /opt/sinkflex-cache/models/smollm2 (safetensors, loads in transformers and vLLM).
@@ -76,7 +80,8 @@ USER 10001:10001
 EXPOSE 50054 9094 29500
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
   CMD python -m sinkflex.healthcheck "127.0.0.1:${SINKFLEX_GRPC_PORT}" || exit 1
-# torchrun -m learner_service ARGS, with the torchrun layout taken from the environment
-# (NNODES, NPROC_PER_NODE, NODE_RANK, MASTER_ADDR, MASTER_PORT).
-ENTRYPOINT ["sinkflex-learner"]
+# sinkflex-service writes the learner's config (from $SINKFLEX_CONFIG) and execs
+# sinkflex-learner: torchrun -m learner_service, with the torchrun layout taken from the
+# environment (NNODES, NPROC_PER_NODE, NODE_RANK, MASTER_ADDR, MASTER_PORT).
+ENTRYPOINT ["sinkflex-service", "learner"]
 CMD ["--host", "0.0.0.0", "--port", "50054", "--metrics-port", "9094"]

@@ -10,6 +10,7 @@ FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \
     LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 \
+    SINKFLEX_CONFIG=configs/retail.yaml \
     SINKFLEX_GRPC_PORT=50052
 RUN python3 -m venv /opt/venv
 
@@ -22,9 +23,14 @@ RUN python /tmp/build/requirements.py reward cpu --pyproject /tmp/build/pyprojec
 COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY sinkflex ./sinkflex
-COPY reward_service ./reward_service
-# reward_service converts wire messages with env_service.convert
+# every service package: sinkflex-service derives this service's config from the
+# experiment file with sinkflex.train.config, which reads each service's config model
 COPY env_service ./env_service
+COPY reward_service ./reward_service
+COPY rollout_service ./rollout_service
+COPY learner_service ./learner_service
+COPY configs ./configs
+COPY --chmod=0755 docker/sinkflex_service.py /usr/local/bin/sinkflex-service
 RUN pip install --no-deps . && rm -rf build /tmp/build
 
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex
@@ -33,5 +39,7 @@ USER 10001:10001
 EXPOSE 50052 9092
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
   CMD python -m sinkflex.healthcheck "127.0.0.1:${SINKFLEX_GRPC_PORT}" || exit 1
-ENTRYPOINT ["python", "-m", "reward_service"]
+# sinkflex-service writes this service's config from the experiment file $SINKFLEX_CONFIG
+# (as the embedded default's launcher does) and execs `python -m reward_service --config F ARGS`.
+ENTRYPOINT ["sinkflex-service", "reward"]
 CMD ["--host", "0.0.0.0", "--port", "50052", "--metrics-port", "9092"]

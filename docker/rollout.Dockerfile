@@ -48,13 +48,20 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True \
     HF_HOME=/models/hf \
     SINKFLEX_CACHE=/opt/sinkflex-cache \
+    SINKFLEX_CONFIG=configs/retail.yaml \
     SINKFLEX_GRPC_PORT=50053
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY sinkflex ./sinkflex
+# every service package: sinkflex-service derives this service's config from the
+# experiment file with sinkflex.train.config, which reads each service's config model
+COPY env_service ./env_service
+COPY reward_service ./reward_service
 COPY rollout_service ./rollout_service
+COPY learner_service ./learner_service
 COPY configs ./configs
+COPY --chmod=0755 docker/sinkflex_service.py /usr/local/bin/sinkflex-service
 RUN pip install --no-deps . && rm -rf build /tmp/build
 # The embedded-default model, prepared once at build time (CPU image only):
 # /opt/sinkflex-cache/models/smollm2 (safetensors, loads in transformers and vLLM).
@@ -67,5 +74,7 @@ USER 10001:10001
 EXPOSE 50053 9093
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
   CMD python -m sinkflex.healthcheck "127.0.0.1:${SINKFLEX_GRPC_PORT}" || exit 1
-ENTRYPOINT ["python", "-m", "rollout_service"]
+# sinkflex-service writes this service's config from the experiment file $SINKFLEX_CONFIG
+# (as the embedded default's launcher does) and execs `python -m rollout_service --config F ARGS`.
+ENTRYPOINT ["sinkflex-service", "rollout"]
 CMD ["--host", "0.0.0.0", "--port", "50053", "--metrics-port", "9093"]

@@ -172,7 +172,8 @@ def test_default_objects(chart_default):
 @pytest.mark.parametrize("which", ["chart_default", "chart_multigpu"])
 def test_gpu_requests_and_limits(which, request):
     manifests = request.getfixturevalue(which)
-    expected = {"rollout": 1, "user-sim": 1, "learner": 2 if which == "chart_multigpu" else 1}
+    multi = which == "chart_multigpu"
+    expected = {"rollout": 1, "user-sim": 2 if multi else 1, "learner": 2 if multi else 1}
     for w in workloads(manifests):
         comp = component(w)
         for c in containers(w):
@@ -222,7 +223,7 @@ def test_multi_gpu_learner_is_a_two_node_torchrun_job(chart_multigpu):
     assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
     (c,) = containers(sts)
-    assert c["command"] == ["sinkflex-learner"]
+    assert c["command"] == ["sinkflex-service", "learner"]
     env = env_of(c)
     assert env["NNODES"]["value"] == "2"
     assert env["NPROC_PER_NODE"]["value"] == "2"
@@ -230,16 +231,21 @@ def test_multi_gpu_learner_is_a_two_node_torchrun_job(chart_multigpu):
     assert env["MASTER_ADDR"]["value"] == f"{full('learner')}-0.{full('learner-headless')}.{NAMESPACE}.svc"
     rdzv = int(env["MASTER_PORT"]["value"])
     assert {"name": "rendezvous", "port": rdzv, "targetPort": "rendezvous", "protocol": "TCP"} in headless["spec"]["ports"]
-    assert arg_value(c["args"], "--tensor-parallel-size") == "2"
+    # the user-simulator engine: tensor parallel 2 over its 2 GPUs
+    (sim,) = containers(workload_of(chart_multigpu, "user-sim"))
+    assert arg_value(sim["args"], "--tensor-parallel-size") == "2"
+    assert sim["resources"]["limits"]["nvidia.com/gpu"] == 2
     # the gRPC API is global rank 0's: the Service sends traffic to pod 0 only
     assert front["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == f"{full('learner')}-0"
 
 
-def test_tensor_parallel_must_divide_gpus_per_node():
+def test_bad_gpu_layouts_are_refused():
     from helm_python import HelmRenderError
 
-    with pytest.raises(HelmRenderError, match=r"tensorParallelSize \(3\) must divide learner.gpusPerNode \(2\)"):
-        render_chart({"learner": {"gpusPerNode": 2, "tensorParallelSize": 3}})
+    with pytest.raises(HelmRenderError, match=r"userSim.tensorParallelSize \(3\) must divide userSim.gpus \(2\)"):
+        render_chart({"userSim": {"gpus": 2, "tensorParallelSize": 3}})
+    with pytest.raises(HelmRenderError, match=r"learner.nodes \(0\) and learner.gpusPerNode \(1\) must be >= 1"):
+        render_chart({"learner": {"nodes": 0}})
 
 
 # --------------------------------------------------------------------------- probes and shm
@@ -422,15 +428,17 @@ def test_model_endpoint_keys_come_from_the_secret(chart_all_optional):
 def test_user_simulator_wiring(chart_default):
     (env_c,) = containers(workload_of(chart_default, "env"))
     (sim,) = containers(workload_of(chart_default, "user-sim"))
-    assert sim["command"] == ["vllm", "serve"]
+    assert sim["command"] == ["sinkflex-service", "user-sim"]
     served = arg_value(sim["args"], "--served-model-name")
-    assert arg_value(env_c["args"], "--user-model") == f"openai/{served}"
+    env = env_of(env_c)
+    assert env["SINKFLEX_USER_MODEL"]["value"] == f"openai/{served}"
     port = arg_value(sim["args"], "--port")
-    assert arg_value(env_c["args"], "--user-base-url") == f"http://{full('user-sim')}:{port}/v1"
+    assert env["SINKFLEX_USER_BASE_URL"]["value"] == f"http://{full('user-sim')}:{port}/v1"
+    assert env_of(sim)["SINKFLEX_USER_SIM_MODEL"]["value"] == ""  # the experiment's models.user_simulator
     external = render_chart({"userSim": {"enabled": False, "externalBaseUrl": "https://llm.example/v1", "externalModel": "openai/gpt-4.1"}})
-    (env_c,) = containers(workload_of(external, "env"))
-    assert arg_value(env_c["args"], "--user-base-url") == "https://llm.example/v1"
-    assert arg_value(env_c["args"], "--user-model") == "openai/gpt-4.1"
+    env = env_of(containers(workload_of(external, "env"))[0])
+    assert env["SINKFLEX_USER_BASE_URL"]["value"] == "https://llm.example/v1"
+    assert env["SINKFLEX_USER_MODEL"]["value"] == "openai/gpt-4.1"
     assert full("user-sim") not in by_kind(external, "Deployment")
     from helm_python import HelmRenderError
 
@@ -533,6 +541,31 @@ def test_gpt_oss_20b_values_render_valid_manifests():
     assert env_of(learner)["NPROC_PER_NODE"]["value"] == "8"
     rollout = workload_of(manifests, "rollout")
     assert rollout["spec"]["replicas"] == 2
-    assert arg_value(containers(rollout)[0]["args"], "--model") == "openai/gpt-oss-20b"
-    (job,) = containers(workload_of(manifests, "train"))
-    assert job["args"][:2] == ["-c", "configs/gpt-oss-20b.yaml"]
+    for w in workloads(manifests):
+        if w["kind"] != "StatefulSet" or component(w) != "redis":
+            for c in containers(w):
+                if component(w) != "redis":
+                    assert env_of(c)["SINKFLEX_CONFIG"]["value"] == "configs/gpt-oss-20b.yaml", w["metadata"]["name"]
+
+
+def test_every_sinkflex_container_derives_its_config_from_the_experiment():
+    manifests = render_chart({"trainingConfig": "configs/demo.yaml", "policyModel": "/models/my-policy",
+                              "configOverrides": {"run": {"steps": 7}}})
+    seen = set()
+    for w in workloads(manifests):
+        comp = component(w)
+        if comp == "redis":
+            continue
+        (c,) = containers(w)
+        assert c["command"] == ["sinkflex-service", comp], comp
+        env = env_of(c)
+        assert env["SINKFLEX_CONFIG"]["value"] == "configs/demo.yaml"
+        assert env["SINKFLEX_CONFIG_OVERRIDES"]["value"] == '{"run":{"steps":7}}'
+        assert env["SINKFLEX_POLICY"]["value"] == "/models/my-policy"
+        assert env["SINKFLEX_RUN_DIR"]["value"] == "/data/run"
+        seen.add(comp)
+    assert seen == {"env", "reward", "rollout", "learner", "user-sim", "train"}
+    # the run folder and the models are on the shared volume for learner, rollout and driver
+    for comp in ("rollout", "learner", "train"):
+        mounts = {m["mountPath"]: m for m in containers(workload_of(manifests, comp))[0]["volumeMounts"]}
+        assert mounts["/data"]["name"] == "shared" and mounts["/models"]["name"] == "shared"

@@ -113,7 +113,7 @@ def test_default_stack_is_the_gpu_stack_and_cpu_profile_has_twins(compose):
     cpu_run = started(compose, ["train-cpu"], {"cpu"})
     assert set(cpu_run) == SHARED | set(CPU_TWINS)
     gpu_run = started(compose, ["train"], set())
-    assert set(gpu_run) == {"redis", "env", "reward", "rollout", "learner", "train"}
+    assert set(gpu_run) == SHARED | GPU_SERVICES | {"train"}
 
 
 def test_gpu_reservations(compose):
@@ -216,22 +216,39 @@ def test_images_are_built_here_and_shared_with_the_chart(compose, chart_default)
     assert any(c["image"] == "redis:7.4-alpine" for w in workloads(chart_default) for c in w["spec"]["template"]["spec"]["containers"])
 
 
-def test_same_models_and_user_simulator_as_the_chart(compose, chart_default):
-    def default(svc, flag):
-        cmd = compose["services"][svc]["command"]
-        return interpolate_defaults(cmd[cmd.index(flag) + 1])
-
+def test_same_experiment_models_and_user_simulator_as_the_chart(compose, chart_default):
+    """compose and the chart start every service from the same experiment, the same way."""
     import yaml
 
     values = yaml.safe_load((ROOT / "charts" / "sinkflex" / "values.yaml").read_text())
-    assert default("rollout", "--model") == values["rollout"]["model"]
-    assert default("learner", "--model") == values["learner"]["model"]
-    assert interpolate_defaults(compose["services"]["user-sim"]["command"][0]) == values["userSim"]["model"]
+    chart_env = {}
+    for w in workloads(chart_default):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            chart_env[w["metadata"]["labels"]["app.kubernetes.io/component"]] = {
+                e["name"]: e.get("value") for e in c.get("env", [])}
+    for name, svc in compose["services"].items():
+        if name == "redis":
+            continue
+        comp = CPU_TWINS.get(name, name)
+        env = {k: interpolate_defaults(str(v)) for k, v in svc["environment"].items()}
+        # the same entry point: sinkflex-service <component> (the image's ENTRYPOINT or the override)
+        entry = svc.get("entrypoint") or _image_entrypoint(svc)
+        assert entry == ["sinkflex-service", comp], name
+        assert env["SINKFLEX_CONFIG"] == values["trainingConfig"] == chart_env[comp]["SINKFLEX_CONFIG"], name
+        assert env["SINKFLEX_POLICY"] == values["policyModel"] == chart_env[comp]["SINKFLEX_POLICY"] == "", name
+        assert env["SINKFLEX_RUN_DIR"] == chart_env[comp]["SINKFLEX_RUN_DIR"] == "/data/run", name
+        assert env["SINKFLEX_USER_MODEL"] == f"openai/{values['userSim']['servedModelName']}" == chart_env[comp]["SINKFLEX_USER_MODEL"]
     for sim in ("user-sim", "user-sim-cpu"):
         cmd = compose["services"][sim]["command"]
         assert cmd[cmd.index("--served-model-name") + 1] == values["userSim"]["servedModelName"]
-    env_cmd = compose["services"]["env"]["command"]
-    assert env_cmd[env_cmd.index("--user-model") + 1] == f"openai/{values['userSim']['servedModelName']}"
+
+
+def _image_entrypoint(svc: dict) -> list[str]:
+    from tests.fixtures.deploy import dockerfile_instructions, exec_form
+
+    path = ROOT / svc["build"]["dockerfile"]
+    (entry,) = [a for i, a in dockerfile_instructions(path) if i == "ENTRYPOINT"]
+    return exec_form(entry)
 
 
 def test_training_config_paths_exist(compose):
@@ -240,14 +257,17 @@ def test_training_config_paths_exist(compose):
 
     values = yaml.safe_load((ROOT / "charts" / "sinkflex" / "values.yaml").read_text())
     referenced = [(values["trainingConfig"], "charts/sinkflex/values.yaml trainingConfig")]
-    for name in ("train", "train-cpu"):
-        cmd = [interpolate_defaults(c) for c in compose["services"][name]["command"]]
-        referenced.append((cmd[cmd.index("-c") + 1], f"docker-compose.yml {name}"))
+    for name, svc in compose["services"].items():
+        if "SINKFLEX_CONFIG" in (svc.get("environment") or {}):
+            referenced.append((interpolate_defaults(svc["environment"]["SINKFLEX_CONFIG"]), f"docker-compose.yml {name}"))
+    for dockerfile in sorted((ROOT / "docker").glob("*.Dockerfile")):
+        for cfg in re.findall(r"SINKFLEX_CONFIG=(\S+)", dockerfile.read_text()):
+            referenced.append((cfg, f"{dockerfile.relative_to(ROOT)} ENV"))
     for example in sorted((ROOT / "charts" / "sinkflex").glob("values-*.yaml")):
         cfg = (yaml.safe_load(example.read_text()) or {}).get("trainingConfig")
         if cfg:
             referenced.append((cfg, str(example.relative_to(ROOT))))
-    assert len(referenced) >= 3
-    missing = [(p, where) for p, where in referenced if not (ROOT / p).is_file()]
+    assert len(referenced) >= 12
+    missing = sorted({(p, where.split(" ")[0]) for p, where in referenced if not (ROOT / p).is_file()})
     assert not missing, "configs referenced by the deployment do not exist yet: " + ", ".join(
         f"{p} (from {w})" for p, w in missing)

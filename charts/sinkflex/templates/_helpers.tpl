@@ -106,6 +106,31 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* The experiment every SinkFlex container derives its config from (docker/sinkflex_service.py),
+and the addresses of the services of this release. */}}
+{{- define "sinkflex.experimentEnv" -}}
+- name: SINKFLEX_CONFIG
+  value: {{ .Values.trainingConfig | quote }}
+- name: SINKFLEX_CONFIG_OVERRIDES
+  value: {{ if .Values.configOverrides }}{{ toJson .Values.configOverrides | quote }}{{ else }}""{{ end }}
+- name: SINKFLEX_RUN_DIR
+  value: /data/run
+- name: SINKFLEX_POLICY
+  value: {{ .Values.policyModel | quote }}
+- name: SINKFLEX_ENV_ADDRESS
+  value: {{ include "sinkflex.envAddress" . | quote }}
+- name: SINKFLEX_REWARD_ADDRESS
+  value: {{ include "sinkflex.rewardAddress" . | quote }}
+- name: SINKFLEX_ROLLOUT_ADDRESS
+  value: {{ include "sinkflex.rolloutAddress" . | quote }}
+- name: SINKFLEX_LEARNER_ADDRESS
+  value: {{ include "sinkflex.learnerAddress" . | quote }}
+- name: SINKFLEX_USER_BASE_URL
+  value: {{ include "sinkflex.userSimBaseUrl" . | quote }}
+- name: SINKFLEX_USER_MODEL
+  value: {{ include "sinkflex.userSimModel" . | quote }}
+{{- end }}
+
 {{/* Common container environment. */}}
 {{- define "sinkflex.commonEnv" -}}
 - name: LITELLM_LOCAL_MODEL_COST_MAP

