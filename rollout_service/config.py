@@ -1,0 +1,86 @@
+"""Configuration of the rollout service (`RolloutConfig`), validated when loaded.
+
+Loaded from YAML with `sinkflex.config.load_config(path, RolloutConfig)` or built from the
+command line of `python -m rollout_service`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from sinkflex.config import StrictModel
+
+
+class EngineConfig(StrictModel):
+    """The vLLM engine."""
+
+    model: str
+    """A transformers-format folder (e.g. `sinkflex-rl models prepare smollm2`)."""
+
+    dtype: str = "float32"
+    """Engine dtype; float32 keeps engine log-probs closest to transformers re-scoring on CPU."""
+
+    max_model_len: int = Field(8192, ge=256)
+    """Context length of the engine in tokens."""
+
+    kv_cache_gib: float = Field(1.0, gt=0)
+    """KV-cache memory in GiB (on CPU vLLM otherwise reserves a fraction of all RAM)."""
+
+    enforce_eager: bool = True
+    """No graph capture (faster start on CPU)."""
+
+    policy_version: int = Field(0, ge=0)
+    """Policy version of the weights in `model`."""
+
+    seed: int = 0
+
+
+class AgentConfig(StrictModel):
+    """The agent loop's budgets and format."""
+
+    tool_format: Literal["hermes", "harmony"] = "hermes"
+    """Tool-call format of the model: Hermes/ChatML `<tool_call>` (SmolLM2, Qwen) or harmony (gpt-oss)."""
+
+    max_turns: int = Field(8, ge=1)
+    """Agent turns per episode (TERMINATION_REASON_MAX_TURNS beyond)."""
+
+    max_context_tokens: int = Field(8192, ge=64)
+    """Tokens per trajectory (TERMINATION_REASON_MAX_CONTEXT_TOKENS when no room is left)."""
+
+    max_new_tokens: int = Field(256, ge=1)
+    """Generated tokens per turn when the request does not say."""
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = 0
+
+    max_groups_in_flight: int = Field(8, ge=1)
+    """Groups (tasks) rolled out concurrently; each runs its G samples concurrently."""
+
+    env_max_steps: int = Field(0, ge=0)
+    """Step budget passed to env Reset (0: the env server's default)."""
+
+
+class RolloutConfig(StrictModel):
+    """The rollout service."""
+
+    engine: EngineConfig
+    agent: AgentConfig = AgentConfig()
+
+    env_address: Optional[str] = None
+    """gRPC address of the env service; None: an in-process env (LocalEnvClient)."""
+
+    reward_address: Optional[str] = None
+    """gRPC address of the reward service; None: an in-process one (LocalRewardClient)."""
+
+    redis_url: Optional[str] = None
+    """Trajectory buffer; None: REDIS_URL, else the embedded Redis."""
+
+    user_sim_port: Optional[int] = Field(None, ge=0, le=65535)
+    """Serve the OpenAI-compatible user-simulator endpoint on this port, backed by the
+    policy engine (None: do not serve; 0: any free port)."""
+
+    user_sim_max_tokens: int = Field(256, ge=1)
+    """Cap on tokens of one user-simulator reply."""

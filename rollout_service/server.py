@@ -1,0 +1,77 @@
+"""The gRPC servicer of RolloutService over `RolloutWorker`, and `build_server()`.
+
+Health: NOT_SERVING until the vLLM engine is loaded, then SERVING; reflection; size limits;
+graceful stop on SIGTERM (`sinkflex.serving.ServiceServer`): new RPCs are refused and
+in-flight Rollout streams get the grace period to finish their groups; groups already
+published to the buffer are never lost (the buffer holds them until the learner acks).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from rollout_service.config import RolloutConfig
+from rollout_service.worker import RolloutWorker
+from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from sinkflex.errors import ServiceError, abort_on_error
+from sinkflex.serving import ServiceServer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    """RolloutService over a `RolloutWorker` (ServiceError -> gRPC status)."""
+
+    def __init__(self, worker: RolloutWorker | None = None):
+        self._worker = worker
+
+    @property
+    def worker(self) -> RolloutWorker:
+        if self._worker is None:
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "the rollout service is still loading its engine")
+        return self._worker
+
+    def set_worker(self, worker: RolloutWorker) -> None:
+        self._worker = worker
+
+    def Rollout(self, request, context):
+        try:
+            for group in self.worker.rollout(request):
+                if not context.is_active():
+                    log.warning("Rollout client went away; published groups stay in the buffer")
+                    return
+                yield rollout_pb2.RolloutResponse(group=group)
+        except ServiceError as err:
+            context.abort(err.code, err.message)
+
+    @abort_on_error
+    def UpdateWeights(self, request, context):
+        seconds = self.worker.update_weights(request.policy_version, request.location)
+        return rollout_pb2.UpdateWeightsResponse(policy_version=self.worker.engine.policy_version, load_seconds=seconds)
+
+    @abort_on_error
+    def Status(self, request, context):
+        return self.worker.status()
+
+
+def build_server(config: RolloutConfig, port: int = 50053, host: str = "127.0.0.1", worker: RolloutWorker | None = None,
+                 metrics_port: int | None = None, grace_seconds: float = 60.0) -> tuple[ServiceServer, RolloutWorker]:
+    """Starts the server (NOT_SERVING), builds the worker (loads the engine), then SERVING.
+
+    Returns:
+        (server, worker); `server.port` is the bound port (port 0: any free one).
+    """
+    server = ServiceServer(port=port, service_names=[SERVICE_NAME], host=host, metrics_port=metrics_port,
+                           grace_seconds=grace_seconds)
+    servicer = RolloutServicer()
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server.server)
+    server.start()
+    worker = worker if worker is not None else RolloutWorker(config)
+    servicer.set_worker(worker)
+    server.set_serving()
+    log.info("rollout service SERVING on %s:%d (model %s)", host, server.port, config.engine.model)
+    return server, worker

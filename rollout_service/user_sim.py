@@ -1,0 +1,187 @@
+"""An OpenAI-compatible endpoint for the env service's tau2 user simulator.
+
+tau2's `UserSimulator` calls `litellm.completion`; with model ``"openai/<name>"`` and
+``api_base="http://HOST:PORT/v1"`` litellm POSTs OpenAI chat completions there. Two ways
+to serve one on the embedded default:
+
+1. `UserSimServer`: a small HTTP server (stdlib, threads) in the rollout process that
+   answers ``POST /v1/chat/completions`` and ``GET /v1/models`` with the rollout engine
+   itself (one vLLM engine on a 2-core machine instead of two). Departure: the user
+   simulator is then the current policy (its weights change with `UpdateWeights`); on a
+   cluster point the env service at a separate, fixed endpoint instead.
+2. `start_vllm_server` / `stop_vllm_server`: ``python -m vllm.entrypoints.openai.api_server
+   --model DIR --served-model-name smollm2 --port 8000`` (what ``vllm serve`` runs) as a
+   child process, for the launcher; litellm model string ``"openai/smollm2"``, api_base
+   ``http://127.0.0.1:8000/v1``.
+
+Only the fields tau2 uses are implemented: messages (text content), temperature, top_p,
+max_tokens, seed, n=1; tools are ignored (retail's user has none); no streaming.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from rollout_service.engine import Engine, Sampling
+
+log = logging.getLogger(__name__)
+
+
+def _text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+class UserSimServer:
+    """OpenAI-compatible chat completions served by `engine` (see module docstring).
+
+    Args:
+        engine: the running engine.
+        tokenizer: its tokenizer (chat template renders the messages).
+        model_name: the name in /v1/models (litellm: "openai/<model_name>").
+        host, port: where to listen (port 0: any free port; see `.port`).
+        max_tokens: cap on a reply's tokens.
+    """
+
+    def __init__(self, engine: Engine, tokenizer, model_name: str = "smollm2", host: str = "127.0.0.1",
+                 port: int = 0, max_tokens: int = 256):
+        self.engine, self.tokenizer, self.model_name, self.max_tokens = engine, tokenizer, model_name, max_tokens
+        self.requests = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, fmt, *args):  # quiet
+                log.debug("user-sim: " + fmt, *args)
+
+            def _send(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model", "owned_by": "sinkflex"}]})
+                elif self.path.rstrip("/") in ("/health", "/v1/health"):
+                    self._send(200, {"status": "ok"})
+                else:
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+            def do_POST(self):
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+                    return
+                try:
+                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                    self._send(200, server.complete(body))
+                except (ValueError, KeyError, TypeError) as err:
+                    self._send(400, {"error": {"message": f"bad request: {err}", "type": "invalid_request_error"}})
+                except Exception as err:  # noqa: BLE001 - report engine failures as 500, keep serving
+                    log.exception("user-sim completion failed")
+                    self._send(500, {"error": {"message": str(err), "type": "server_error"}})
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self.host, self.port = host, self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="user-sim-http", daemon=True)
+        self._thread.start()
+        log.info("user simulator endpoint on %s (model %s)", self.base_url, model_name)
+
+    @property
+    def base_url(self) -> str:
+        """The litellm `api_base`: http://HOST:PORT/v1."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def complete(self, body: dict) -> dict:
+        """One OpenAI chat completion (non-streaming) on the engine.
+
+        Raises:
+            ValueError: no messages.
+        """
+        messages = [{"role": m["role"] if m["role"] in ("system", "user", "assistant") else "user",
+                     "content": _text(m.get("content"))} for m in body.get("messages", [])]
+        if not messages:
+            raise ValueError("messages is empty")
+        ids = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        max_tokens = min(int(body.get("max_tokens") or body.get("max_completion_tokens") or self.max_tokens), self.max_tokens)
+        seed = body.get("seed")
+        sampling = Sampling(temperature=float(body.get("temperature", 1.0) or 0.0), top_p=float(body.get("top_p", 1.0) or 1.0),
+                            max_new_tokens=max_tokens, seed=None if seed is None else int(seed))
+        gen = self.engine.run(self.engine.generate(ids, sampling, want_logprobs=False,
+                                                   stop_token_ids=[self.tokenizer.eos_token_id]))
+        self.requests += 1
+        text = self.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", self.model_name),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "length" if gen.truncated else "stop"}],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(gen.token_ids),
+                      "total_tokens": len(ids) + len(gen.token_ids)},
+        }
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: str = "smollm2",
+                      host: str = "127.0.0.1", kv_cache_gib: float = 1.0, max_model_len: int = 8192,
+                      timeout: float = 600.0, log_path: str | Path | None = None) -> subprocess.Popen:
+    """Starts vLLM's OpenAI server (what `vllm serve` runs) as a child process and waits until
+    GET /v1/models answers. litellm: model "openai/<served_model_name>", api_base
+    http://HOST:PORT/v1.
+
+    Raises:
+        RuntimeError: the server exited or did not answer within `timeout` seconds.
+    """
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--served-model-name", served_model_name, "--host", host, "--port", str(port),
+           "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(int(kv_cache_gib * (1 << 30))),
+           "--enforce-eager", "--disable-log-stats"]
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ), start_new_session=True)
+    deadline = time.monotonic() + timeout
+    url = f"http://{host}:{port}/v1/models"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited with code {proc.returncode} (command: {' '.join(cmd)})")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(1.0)
+    stop_vllm_server(proc)
+    raise RuntimeError(f"vLLM server did not answer {url} within {timeout:.0f} s")
+
+
+def stop_vllm_server(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM the server started by `start_vllm_server` (and its engine process), then SIGKILL."""
+    import signal
+
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,172 @@
+"""`RolloutWorker`: the rollout service's core, usable in-process (no gRPC).
+
+Builds the engine, tokenizer, env / reward clients, trajectory buffer and `AgentLoop` from a
+`RolloutConfig`, and offers the RolloutService operations as plain methods:
+`rollout(request)` (an iterator of TrajectoryGroups, callable from any thread),
+`update_weights(version, location)`, `status()`. The gRPC servicer (server.py) is a thin
+edge over it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+import grpc
+from typing import Iterator
+
+from rollout_service.agent import AgentLoop
+from rollout_service.config import RolloutConfig
+from rollout_service.engine import Engine, Sampling
+from sinkflex.api.common.v1 import common_pb2
+from sinkflex.api.rollout.v1 import rollout_pb2
+from sinkflex.errors import ServiceError, invalid_argument
+
+log = logging.getLogger(__name__)
+
+_DONE = object()
+
+
+def sampling_from_proto(p: common_pb2.SamplingParams, defaults) -> Sampling:
+    """Request sampling params with the agent config's defaults for unset (0) fields.
+
+    Temperature 0 in the request means "unset" (proto3); greedy decoding is configured with
+    `agent.temperature = 0`.
+    """
+    return Sampling(
+        temperature=p.temperature if p.temperature > 0 else defaults.temperature,
+        top_p=p.top_p if 0 < p.top_p <= 1 else defaults.top_p,
+        top_k=p.top_k if p.top_k > 0 else defaults.top_k,
+        max_new_tokens=p.max_new_tokens if p.max_new_tokens > 0 else defaults.max_new_tokens,
+        seed=p.seed if p.seed else None,
+    )
+
+
+class RolloutWorker:
+    """The rollout service's core (engine + agent loop + clients).
+
+    Args:
+        config: the service config.
+        env, reward, buffer: ready clients; None builds them from `config` (gRPC when an
+            address is set, else in-process; the buffer is built only when `config.redis_url`
+            is set or `publish` is first requested).
+    """
+
+    def __init__(self, config: RolloutConfig, env=None, reward=None, buffer=None, engine: Engine | None = None):
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.engine = engine or Engine(config.engine.model, dtype=config.engine.dtype, max_model_len=config.engine.max_model_len,
+                                       kv_cache_gib=config.engine.kv_cache_gib, policy_version=config.engine.policy_version,
+                                       enforce_eager=config.engine.enforce_eager, seed=config.engine.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
+        self.user_sim = None
+        if config.user_sim_port is not None:
+            from rollout_service.user_sim import UserSimServer
+
+            self.user_sim = UserSimServer(self.engine, self.tokenizer, port=config.user_sim_port,
+                                          max_tokens=config.user_sim_max_tokens)
+        self.env = env if env is not None else self._make_env()
+        self.reward = reward if reward is not None else self._make_reward()
+        self._buffer = buffer
+        self._buffer_lock = threading.Lock()
+        a = config.agent
+        self.loop = AgentLoop(self.engine, self.tokenizer, self.env, self.reward, buffer=None, tool_format=a.tool_format,
+                              env_max_steps=a.env_max_steps, max_groups_in_flight=a.max_groups_in_flight)
+
+    def _make_env(self):
+        if self.config.env_address:
+            from env_service.client import GrpcEnvClient
+
+            return GrpcEnvClient(self.config.env_address)
+        from env_service.client import LocalEnvClient
+        from env_service.config import EnvServiceConfig
+
+        base = self.user_sim.base_url if self.user_sim else EnvServiceConfig().user_base_url
+        return LocalEnvClient(EnvServiceConfig(user_base_url=base))
+
+    def _make_reward(self):
+        if self.config.reward_address:
+            from reward_service.client import GrpcRewardClient
+
+            return GrpcRewardClient(self.config.reward_address)
+        from reward_service.client import LocalRewardClient
+
+        return LocalRewardClient()
+
+    @property
+    def buffer(self):
+        """The trajectory buffer (built on first use: `config.redis_url`, REDIS_URL, or embedded Redis)."""
+        with self._buffer_lock:
+            if self._buffer is None:
+                from sinkflex.buffer import TrajectoryBuffer
+
+                self._buffer = TrajectoryBuffer(self.config.redis_url)
+            return self._buffer
+
+    def rollout(self, request: rollout_pb2.RolloutRequest) -> Iterator[common_pb2.TrajectoryGroup]:
+        """Runs `request` on the engine loop; yields each finished, scored group (from any thread).
+
+        Raises:
+            ServiceError INVALID_ARGUMENT: no env, no task ids, or group_size < 1.
+            ServiceError NOT_FOUND: unknown env or task id.
+        """
+        if not request.env:
+            raise invalid_argument("RolloutRequest.env is empty")
+        if not request.task_ids:
+            raise invalid_argument("RolloutRequest.task_ids is empty")
+        if request.group_size < 1:
+            raise invalid_argument(f"group_size must be >= 1, got {request.group_size}")
+        known = set(self.env.list_tasks(request.env))  # NOT_FOUND: unknown env
+        unknown = [t for t in request.task_ids if t not in known]
+        if unknown:
+            raise ServiceError(grpc.StatusCode.NOT_FOUND, f"unknown task ids of env {request.env!r}: {unknown[:10]}")
+        a = self.config.agent
+        sampling = sampling_from_proto(request.sampling, a)
+        max_turns = request.max_turns or a.max_turns
+        max_ctx = request.max_context_tokens or a.max_context_tokens
+        self.loop.buffer = self.buffer if request.publish else None
+        out: queue.Queue = queue.Queue()
+
+        async def produce():
+            try:
+                async for group in self.loop.run_tasks(request.env, list(request.task_ids), request.group_size, sampling,
+                                                       max_turns, max_ctx, request.solo_mode):
+                    out.put(group)
+            except BaseException as err:  # noqa: BLE001 - handed to the consumer thread
+                out.put(err)
+            finally:
+                out.put(_DONE)
+
+        fut = self.engine.submit(produce())
+        try:
+            while True:
+                item = out.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            fut.cancel()
+
+    def update_weights(self, policy_version: int, location: str) -> float:
+        """Loads a new policy version into the running engine; returns seconds spent."""
+        return self.engine.run(self.engine.update_weights(policy_version, location))
+
+    def status(self) -> rollout_pb2.StatusResponse:
+        resp = rollout_pb2.StatusResponse(model=self.engine.model, policy_version=self.engine.policy_version,
+                                          groups_in_flight=self.loop.groups_in_flight,
+                                          groups_completed=self.loop.groups_completed,
+                                          tokens_generated=self.engine.tokens_generated)
+        for k, v in self.loop.totals.items():
+            resp.metrics[k] = v
+        if self.user_sim is not None:
+            resp.metrics["user_sim_requests"] = float(self.user_sim.requests)
+        return resp
+
+    def close(self) -> None:
+        if self.user_sim is not None:
+            self.user_sim.close()
+        self.engine.shutdown()
