@@ -64,8 +64,10 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
         launcher.start(
             ManagedProcess(
                 "user_sim",
-                python_module("rollout_service.user_sim", "--model", user_model, "--port", str(ports["user_sim"]),
-                              "--served-model-name", "user-sim", "--kv-cache-gib", str(cfg.local.user_sim_kv_cache_gib)),
+                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", user_model,
+                 "--served-model-name", "user-sim", "--host", "127.0.0.1", "--port", str(ports["user_sim"]),
+                 "--kv-cache-memory-bytes", str(int(cfg.local.user_sim_kv_cache_gib * (1 << 30))),
+                 "--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed)],
                 health=f"http:{user_base_url}/models",
             ),
             ready_timeout=cfg.local.ready_timeout_s,
