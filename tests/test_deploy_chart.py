@@ -90,7 +90,8 @@ def pod_spec(workload: dict) -> dict:
 
 
 def workload_of(manifests, comp: str) -> dict:
-    found = [w for w in workloads(manifests) if component(w) == comp]
+    """The workload of a component (the learner's node-0 StatefulSet, not its workers)."""
+    found = [w for w in workloads(manifests) if component(w) == comp and w["metadata"]["name"] == full(comp)]
     assert len(found) == 1, f"expected one {comp} workload, got {[w['metadata']['name'] for w in found]}"
     return found[0]
 
@@ -215,28 +216,40 @@ def test_component_scheduling_values_merge_with_gpu_defaults():
 
 
 def test_multi_gpu_learner_is_a_two_node_torchrun_job(chart_multigpu):
-    sts = by_kind(chart_multigpu, "StatefulSet")[full("learner")]
+    sets = by_kind(chart_multigpu, "StatefulSet")
+    master, worker = sets[full("learner")], sets[full("learner-worker")]
     headless = by_kind(chart_multigpu, "Service")[full("learner-headless")]
     front = by_kind(chart_multigpu, "Service")[full("learner")]
-    assert sts["spec"]["replicas"] == 2
-    assert sts["spec"]["podManagementPolicy"] == "Parallel"
-    assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
+    assert (master["spec"]["replicas"], worker["spec"]["replicas"]) == (1, 1)  # 2 nodes
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
-    (c,) = containers(sts)
-    assert c["command"] == ["sinkflex-service", "learner"]
-    env = env_of(c)
-    assert env["NNODES"]["value"] == "2"
-    assert env["NPROC_PER_NODE"]["value"] == "2"
-    assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
-    assert env["MASTER_ADDR"]["value"] == f"{full('learner')}-0.{full('learner-headless')}.{NAMESPACE}.svc"
-    rdzv = int(env["MASTER_PORT"]["value"])
-    assert {"name": "rendezvous", "port": rdzv, "targetPort": "rendezvous", "protocol": "TCP"} in headless["spec"]["ports"]
+    ranks = {}
+    for sts in (master, worker):
+        assert sts["spec"]["podManagementPolicy"] == "Parallel"
+        assert sts["spec"]["serviceName"] == headless["metadata"]["name"]
+        assert headless["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+        (c,) = containers(sts)
+        assert c["command"] == ["sinkflex-service", "learner"]
+        env = env_of(c)
+        assert env["NNODES"]["value"] == "2"
+        assert env["NPROC_PER_NODE"]["value"] == "2"
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+        assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+        ranks[sts["metadata"]["name"]] = int(env["NODE_RANK_OFFSET"]["value"])  # + the pod's ordinal
+        assert env["MASTER_ADDR"]["value"] == f"{full('learner')}-0.{full('learner-headless')}.{NAMESPACE}.svc"
+        rdzv = int(env["MASTER_PORT"]["value"])
+        assert {"name": "rendezvous", "port": rdzv, "targetPort": "rendezvous", "protocol": "TCP"} in headless["spec"]["ports"]
+    assert ranks == {full("learner"): 0, full("learner-worker"): 1}  # node ranks 0 and 1
+    # the controllers' selectors do not overlap
+    assert master["spec"]["selector"]["matchLabels"]["sinkflex.io/learner-role"] == "master"
+    assert worker["spec"]["selector"]["matchLabels"]["sinkflex.io/learner-role"] == "worker"
+    # gRPC (and its probes) only on node 0, global rank 0, which the Service selects
+    assert front["spec"]["selector"]["sinkflex.io/learner-role"] == "master"
+    assert "readinessProbe" in containers(master)[0]
+    assert not {"readinessProbe", "livenessProbe", "startupProbe"} & set(containers(worker)[0])
     # the user-simulator engine: tensor parallel 2 over its 2 GPUs
     (sim,) = containers(workload_of(chart_multigpu, "user-sim"))
     assert arg_value(sim["args"], "--tensor-parallel-size") == "2"
     assert sim["resources"]["limits"]["nvidia.com/gpu"] == 2
-    # the gRPC API is global rank 0's: the Service sends traffic to pod 0 only
-    assert front["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == f"{full('learner')}-0"
 
 
 def test_bad_gpu_layouts_are_refused():

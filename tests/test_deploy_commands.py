@@ -237,7 +237,7 @@ def _chart_usages() -> list[tuple[str, str, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def usages() -> list[tuple[str, str, list[str]]]:
+def usages(all_cli_help) -> list[tuple[str, str, list[str]]]:
     return _dockerfile_usages() + _compose_usages() + _chart_usages()
 
 
@@ -264,7 +264,7 @@ def test_user_simulator_flags_are_vllm_server_arguments(usages):
     assert importlib.util.find_spec("vllm.entrypoints.openai.api_server") is not None
 
 
-def test_build_time_commands_exist():
+def test_build_time_commands_exist(all_cli_help):
     """`sinkflex-rl models prepare smollm2` (CPU images) and the healthcheck module."""
     runs = " ".join(a for d in DOCKER.glob("*.Dockerfile") for i, a in dockerfile_instructions(d) if i == "RUN")
     assert "sinkflex-rl models prepare smollm2" in runs

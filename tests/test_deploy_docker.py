@@ -273,11 +273,24 @@ def test_launcher_builds_the_torchrun_layout_from_the_environment(tmp_path):
                     "l-0.l-headless.rl.svc", "--master-port", "29501", "-m", "learner_service", "--port", "50054", "--model", "m"]
 
 
-@pytest.mark.parametrize("hostname,rank", [("sf-sinkflex-learner-3", "3"), ("a1b2c3d4e5", "0"), ("learner-x", "0")])
-def test_launcher_takes_the_node_rank_from_the_statefulset_ordinal(tmp_path, hostname, rank):
-    argv = _run_launcher(tmp_path, {"HOSTNAME": hostname, "NODE_RANK": ""})
+@pytest.mark.parametrize("env,rank", [
+    ({"HOSTNAME": "sf-sinkflex-learner-3"}, "3"),                                  # hostname ordinal
+    ({"HOSTNAME": "a1b2c3d4e5"}, "0"),                                             # compose: no ordinal
+    ({"HOSTNAME": "learner-x"}, "0"),
+    ({"HOSTNAME": "sf-sinkflex-learner-worker-0", "NODE_RANK_OFFSET": "1"}, "1"),  # worker set
+    ({"POD_INDEX": "2", "NODE_RANK_OFFSET": "1", "HOSTNAME": "ignored-7"}, "3"),   # the pod-index label
+    ({"POD_INDEX": "", "HOSTNAME": "sf-sinkflex-learner-0"}, "0"),                 # label missing (< 1.28)
+])
+def test_launcher_takes_the_node_rank_from_the_statefulset_ordinal(tmp_path, env, rank):
+    argv = _run_launcher(tmp_path, {**env, "NODE_RANK": ""})
     assert argv[argv.index("--node-rank") + 1] == rank
     assert argv[argv.index("--nnodes") + 1] == "1" and argv[argv.index("--master-addr") + 1] == "127.0.0.1"
+
+
+def test_launcher_refuses_a_bad_offset(tmp_path):
+    proc = subprocess.run(["sh", str(DOCKER / "learner-entrypoint.sh")], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "NODE_RANK_OFFSET": "one"}, timeout=30)
+    assert proc.returncode == 2 and "NODE_RANK_OFFSET must be a number, got 'one'" in proc.stderr
 
 
 def test_launcher_flags_are_torchruns():
