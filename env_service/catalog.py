@@ -38,6 +38,30 @@ class Domain:
     tasks: dict  # task id -> tau2 Task, in tau2's order
     splits: dict[str, list[str]] = field(default_factory=dict)  # split name -> task ids
     supports_solo: bool = False
+    _tools: dict = field(default_factory=dict, repr=False)
+
+    def agent_tools(self, environment, solo_mode: bool) -> list:
+        """The agent's tau2 Tools (solo mode: the user's tools too), built once per mode.
+
+        tau2 rebuilds pydantic models for every tool on each `get_tools()` call (0.1-0.6 s
+        a session); the agent uses the Tools only for their specs -- calls run through the
+        session's own environment -- so one list per mode serves every session.
+        """
+        if solo_mode not in self._tools:
+            tools = environment.get_tools()
+            if solo_mode and environment.user_tools is not None:
+                tools = tools + environment.get_user_tools()
+            self._tools[solo_mode] = tools
+        return list(self._tools[solo_mode])
+
+    def user_tools(self, environment) -> list | None:
+        """The user simulator's tau2 Tools (None where the domain has none), built once.
+
+        Unlike the agent's, the user simulator only reads their specs too (its tool calls
+        run through the orchestrator's environment)."""
+        if "user" not in self._tools:
+            self._tools["user"] = environment.get_user_tools() if environment.user_tools is not None else None
+        return self._tools["user"]
 
     def task(self, task_id: str):
         """The tau2 Task `task_id`. Raises ServiceError NOT_FOUND."""

@@ -13,6 +13,7 @@ tau2 messages with `env_service.convert` and scored with tau2's
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -43,14 +44,19 @@ _PB_TO_TAU2_REASON = {
 }
 
 
-def golden_task(env: str, task_id: str):
-    """tau2's Task `task_id` of domain `env` (all splits)."""
+@functools.lru_cache(maxsize=None)
+def _tasks(env: str) -> dict:
     from tau2.registry import registry
 
-    for t in registry.get_tasks_loader(env)(None):
-        if t.id == task_id:
-            return t
-    raise KeyError(f"no task {task_id!r} in tau2 domain {env!r}")
+    return {t.id: t for t in registry.get_tasks_loader(env)(None)}
+
+
+def golden_task(env: str, task_id: str):
+    """tau2's Task `task_id` of domain `env` (all splits; loaded once per domain)."""
+    try:
+        return _tasks(env)[task_id]
+    except KeyError:
+        raise KeyError(f"no task {task_id!r} in tau2 domain {env!r}") from None
 
 
 def score(env: str, task, messages: list, termination_reason: str, solo_mode: bool = False):
@@ -65,12 +71,15 @@ def score(env: str, task, messages: list, termination_reason: str, solo_mode: bo
 
 
 def replay_golden(client, env: str, task_id: str, solo_mode: bool = False,
-                  edit: Optional[Callable[[int, str, dict], dict]] = None, close: bool = True) -> ReplayResult:
+                  edit: Optional[Callable[[int, str, dict], dict]] = None, close: bool = True,
+                  evaluate: bool = True) -> ReplayResult:
     """Runs the golden actions of `task_id` through `client` (an EnvClient) and scores them.
 
     Args:
         edit: optional `(index, tool_name, arguments) -> arguments` to change an action
             (e.g. one wrong argument).
+        close: Close the session at the end.
+        evaluate: score with tau2's evaluator (else `reward` is NaN).
     """
     task = golden_task(env, task_id)
     reset = client.reset(env_pb2.ResetRequest(env=env, task_id=task_id, solo_mode=solo_mode, seed=1))
@@ -106,7 +115,10 @@ def replay_golden(client, env: str, task_id: str, solo_mode: bool = False,
     if close:
         client.close(reset.session_id)
     reason = _PB_TO_TAU2_REASON.get(step.termination_reason, "agent_error")
-    info = score(env, task, messages, reason, solo_mode=solo_mode)
-    breakdown = {str(k.value if hasattr(k, "value") else k): v for k, v in (info.reward_breakdown or {}).items()}
+    reward, breakdown = float("nan"), {}
+    if evaluate:
+        info = score(env, task, messages, reason, solo_mode=solo_mode)
+        reward = float(info.reward)
+        breakdown = {str(k.value if hasattr(k, "value") else k): v for k, v in (info.reward_breakdown or {}).items()}
     return ReplayResult(session_id=reset.session_id, messages=messages, termination_reason=reason,
-                        server_reward=step.reward, reward=float(info.reward), breakdown=breakdown, num_steps=n)
+                        server_reward=step.reward, reward=reward, breakdown=breakdown, num_steps=n)

@@ -140,13 +140,12 @@ class Tau2Session:
         self._t0 = time.perf_counter()
 
         environment = domain.make_environment(solo_mode=solo_mode)
-        tools = environment.get_tools()
-        user_tools = environment.get_user_tools() if environment.user_tools is not None else None
+        tools = domain.agent_tools(environment, solo_mode)
         if solo_mode:
-            tools = tools + (user_tools or [])
             user = DummyUser()
         else:
-            user = UserSimulator(tools=user_tools, instructions=task.user_scenario, llm=user_model, llm_args=dict(user_llm_args))
+            user = UserSimulator(tools=domain.user_tools(environment), instructions=task.user_scenario, llm=user_model,
+                                 llm_args=dict(user_llm_args))
         self.agent = GymAgent(tools=tools, domain_policy=environment.get_policy())
         # The `done` tool GymAgent adds is offered only in solo mode (tau2's solo instructions name it).
         self.tools = self.agent.tools if solo_mode else self.agent.tools[:-1]
