@@ -141,8 +141,9 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
 
     Pass it to `grpc.server(..., interceptors=[GrpcMetricsInterceptor("env")])`. The status
     code is the one the servicer set or aborted with (`context.abort`, `set_code`); an
-    exception escaping the servicer counts as UNKNOWN, a streaming RPC whose client went
-    away as CANCELLED. Health and reflection RPCs are counted too.
+    exception escaping the servicer counts as UNKNOWN; an RPC whose client went away before
+    the servicer finished counts as CANCELLED (DEADLINE_EXCEEDED once its deadline passed).
+    Health and reflection RPCs are counted too.
     """
 
     def __init__(self, service: str) -> None:
@@ -179,6 +180,9 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
     @staticmethod
     def _record(labels: tuple[str, ...], context: grpc.ServicerContext, start: float, failed: bool) -> None:
         code = context.code()
+        if code is None and not context.is_active():  # the client went away before the end
+            remaining = context.time_remaining()
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
         if code is None:
             code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
         GRPC_HANDLED.labels(*labels, code.name).inc()
