@@ -88,8 +88,6 @@ def main(argv=None) -> int:
         buffer = TrajectoryBuffer(url=b.url, stream=b.stream, consumer_group=b.consumer_group, claim_idle_ms=b.claim_idle_ms)
     kill_at = os.environ.get("SINKFLEX_LEARNER_KILL_BEFORE_ACK_STEP")  # fault injection (tests)
     runner = LearnerRunner(learner, buffer, kill_before_ack_step=int(kill_at) if kill_at else None)
-    signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
-    signal.signal(signal.SIGINT, lambda *_: runner.request_stop())
     if learner.rank == 0 and not args.no_server:
         from learner_service.server import SERVICE_NAME, LearnerServicer
         from sinkflex.api.learner.v1 import learner_pb2_grpc
@@ -100,8 +98,16 @@ def main(argv=None) -> int:
             metrics_port=args.metrics_port if args.metrics_port >= 0 else None,
         )
         learner_pb2_grpc.add_LearnerServiceServicer_to_server(LearnerServicer(runner), server.server)
+
+        def export(metrics: dict, server=server, buffer=buffer) -> None:  # Prometheus gauges
+            server.metrics.tokens("trained").add(int(metrics.get("positions_trained", 0)))
+            server.metrics.set_queue_lag(buffer.stream, cfg.buffer.consumer_group, buffer.stats().unconsumed)
+
+        runner.on_step = export
         server.start()
         server.set_serving()
+    signal.signal(signal.SIGTERM, lambda *_: runner.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: runner.request_stop())
     try:
         step = runner.run(max_steps=args.max_steps)
         logging.getLogger("learner_service").info("stopped at step %d, policy version %d", step, learner.state.policy_version)

@@ -50,8 +50,9 @@ class LearnerRunner:
         buffer: a `sinkflex.buffer.TrajectoryBuffer` (rank 0 only; None on other ranks).
     """
 
-    def __init__(self, learner: Learner, buffer=None, kill_before_ack_step: int | None = None):
+    def __init__(self, learner: Learner, buffer=None, kill_before_ack_step: int | None = None, on_step=None):
         self.learner = learner
+        self.on_step = on_step  # rank 0: called with each step's metrics (e.g. Prometheus)
         # Fault injection for the exactly-once test: SIGKILL this process right after the
         # checkpoint of this step is durable and before its groups are acknowledged.
         self.kill_before_ack_step = kill_before_ack_step
@@ -148,7 +149,9 @@ class LearnerRunner:
                 break
             if tick.groups:
                 groups = [common_pb2.TrajectoryGroup.FromString(b) for b in tick.groups]
-                learner.train_step(groups)
+                metrics = learner.train_step(groups)
+                if self.on_step is not None and learner.rank == 0:
+                    self.on_step(metrics)
                 pending.extend(collected)
                 collected.clear()
                 dirty = True

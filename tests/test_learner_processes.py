@@ -148,3 +148,35 @@ def test_sigkill_and_restart_trains_every_group_exactly_once(tmp_path, buffer):
     # the kill, if any, is redone with the same version number).
     if at_kill < 6:
         assert records[n_before]["policy_version"] == at_kill + 1
+
+
+def test_served_learner_stops_gracefully_on_sigterm(tmp_path, buffer):
+    from sinkflex.api.learner.v1 import learner_pb2, learner_pb2_grpc
+    from sinkflex.launcher import free_port
+    from sinkflex.serving import make_channel, wait_for_serving
+
+    buffer.put(make_group("t0", [0.0, 1.0], seed=30))
+    cfg = learner_config(tmp_path / "run", TINY_GPT_OSS, batch=dict(groups_per_step=1),
+                         buffer=dict(url=buffer.url, stream=buffer.stream, block_ms=100))
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "learner_service", "--config", str(_write_config(tmp_path / "c.yaml", cfg)),
+                          "--port", str(port), "--metrics-port", "-1"], cwd=REPO, env=_env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with make_channel(f"127.0.0.1:{port}") as ch:
+            wait_for_serving(ch, "sinkflex.api.learner.v1.LearnerService", timeout=240)
+            stub = learner_pb2_grpc.LearnerServiceStub(ch)
+            deadline = time.monotonic() + 120
+            while stub.Status(learner_pb2.StatusRequest()).step < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert stub.PolicyVersion(learner_pb2.PolicyVersionRequest()).policy_version == 1
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err[-3000:]
+        assert "stopped at step 1, policy version 1" in err
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert _latest_state(tmp_path / "run")["policy_version"] == 1
+    assert buffer.stats().unconsumed == 0
