@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+import os
+
+from pydantic import Field, field_validator, model_validator
 
 from sinkflex.config import StrictModel, load_config
 
@@ -31,6 +33,11 @@ class ModelConfig(StrictModel):
     """Recompute each decoder layer's activations in the backward pass."""
     seed: int = 0
     """Seed of the random initialisation (`arch`) and of the learner's shuffling."""
+
+    @field_validator("path")
+    @classmethod
+    def _expand(cls, v: str | None) -> str | None:
+        return os.path.expanduser(v) if v else v
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

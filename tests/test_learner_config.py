@@ -30,3 +30,11 @@ def test_flags_override_the_file(tmp_path):
     assert cfg.buffer.url == "redis://h:1/0" and cfg.rollout_address == "r:50053" and cfg.run_dir == "/tmp/r"
     cfg = config_from_args(parse_args(["--model", "/models/m", "--redis-url", "redis://h:1/0"]))
     assert cfg.model.path == "/models/m" and cfg.buffer.url == "redis://h:1/0" and cfg.model.attn_implementation == "sinkflex"
+
+
+def test_example_config_loads():
+    from pathlib import Path
+
+    cfg = load_learner_config(Path(__file__).resolve().parents[1] / "learner_service" / "example_cpu.yaml")
+    assert cfg.model.path.endswith(".cache/sinkflex/models/smollm2") and "~" not in cfg.model.path
+    assert cfg.grpo.clip_eps_high == 0.28 and cfg.model.attn_implementation == "sinkflex"
