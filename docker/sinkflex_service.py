@@ -15,7 +15,7 @@ and then replaces itself (exec) with the service:
     learner  sinkflex-learner          --config F [flags]   (torchrun, docker/learner-entrypoint.sh)
     train    sinkflex-rl train         -c F [flags]         (the experiment with `services:` filled in:
                                                              the driver connects, launches nothing)
-    user-sim python -m vllm.entrypoints.openai.api_server --model M [flags]
+    user-sim python -m vllm.entrypoints.openai.api_server --model M --seed S [flags]
                                                             (the experiment's models.user_simulator,
                                                              served frozen; the server `vllm serve` runs)
 
@@ -115,7 +115,7 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
         if not model:
             raise ValueError(f"{source}: models.user_simulator is not set (solo mode needs no user simulator)")
         model = resolve_policy(model)
-        return [*COMMANDS[service], model], None
+        return [*COMMANDS[service], model, "--seed", str(cfg.run.seed)], None
     if service == "train":
         data["services"] = {**data["services"], **{f"{k}_address": v for k, v in addresses.items()}, "redis_url": redis_url}
         out = validate_config(data, TrainConfig, source=f"{source} + environment")

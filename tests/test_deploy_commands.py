@@ -134,7 +134,8 @@ def test_service_configs_are_the_launchers_with_the_deployment_addresses(script,
     assert train.run.output_dir == "/data/run" and train.rollout.group_size == 4
 
     argv, path = script.derive("user-sim", environ)
-    assert argv == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", policy] and path is None
+    assert argv == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", policy, "--seed", "0"]
+    assert path is None
 
 
 def test_overrides_and_errors(script, experiment, tmp_path):

