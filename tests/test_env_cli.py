@@ -1,0 +1,96 @@
+"""The CLI (`sinkflex-rl env check / replay`), `python -m env_service`, and the external
+example environment (examples/bookshop), each as a real process on loopback."""
+
+import ast
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from typer.testing import CliRunner
+
+import env_service
+from sinkflex.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOKSHOP = ROOT / "examples" / "bookshop" / "server.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def bookshop():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(BOOKSHOP), "--port", str(port)], cwd=ROOT)
+    yield f"127.0.0.1:{port}"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+def test_example_imports_only_the_contract():
+    tree = ast.parse(BOOKSHOP.read_text())
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    ours = {m for m in modules if m.split(".")[0] in ("sinkflex", "env_service", "tau2")}
+    assert ours == {"sinkflex.api.common.v1", "sinkflex.api.env.v1"}
+
+
+def test_example_env_passes_env_check(bookshop):
+    result = CliRunner().invoke(app, ["env", "check", bookshop, "--timeout", "30"])
+    assert result.exit_code == 0, result.output
+    assert "12/12 checks passed" in result.output
+    assert not [line for line in result.output.splitlines() if line.startswith("FAIL")]
+
+
+def test_example_env_through_remote_gym(bookshop):
+    env = gym.make(env_service.REMOTE_TAU2_ENV_ID, address=bookshop, env="bookshop", task_id="swap")
+    obs, info = env.reset(seed=0)
+    assert obs[0]["role"] == "user" and "Emma" in obs[0]["content"]
+    for book, tool in (("b4", "return_book"), ("b2", "lend_book")):
+        obs, reward, terminated, _, _ = env.step({"tool_calls": [{"id": tool, "name": tool, "arguments": {"member_id": "m2", "book_id": book}}]})
+        assert not obs[0]["error"] and not terminated
+    assert env.step({"stop": True})[1:3] == (1.0, True)
+    env.reset(seed=0)
+    env.step({"tool_calls": [{"id": "x", "name": "lend_book", "arguments": {"member_id": "m2", "book_id": "b1"}}]})  # wrong book
+    assert env.step({"stop": True})[1:3] == (0.0, True)
+    env.close()
+
+
+def test_check_reports_failures():
+    """Nothing listens on the port: every check fails and the exit code says so."""
+    result = CliRunner().invoke(app, ["env", "check", f"127.0.0.1:{_free_port()}", "--timeout", "1"])
+    assert result.exit_code == 1 and "PASS" not in result.output and "0/12 checks passed" in result.output
+
+
+def test_python_m_env_service_check_replay_and_sigterm(tmp_path):
+    """`python -m env_service` serves, passes the conformance suite, replays a golden
+    episode over gRPC, and stops gracefully on SIGTERM."""
+    port = _free_port()
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.Popen([sys.executable, "-m", "env_service", "--port", str(port), "--domains", "mock",
+                             "--max-sessions", "8", "--session-ttl", "60"], cwd=ROOT, env=env)
+    try:
+        address = f"127.0.0.1:{port}"
+        check = CliRunner().invoke(app, ["env", "check", address, "--timeout", "120"])
+        assert check.exit_code == 0, check.output
+        assert "12/12 checks passed" in check.output
+        replay = CliRunner().invoke(app, ["env", "replay", "--env", "mock", "--task", "create_task_1", "--solo", "--address", address])
+        assert replay.exit_code == 0, replay.output
+        assert "termination=agent_stop server_reward=1" in replay.output and "reward=1 " in replay.output
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_replay_in_process_wrong_task():
+    result = CliRunner().invoke(app, ["env", "replay", "--env", "mock", "--task", "update_task_1", "--solo"])
+    assert result.exit_code == 0, result.output
+    assert "reward=1 " in result.output
