@@ -332,7 +332,7 @@ def test_every_address_in_the_wiring_is_a_service_port(which, request):
     pods = {w["metadata"]["name"]: w for w in workloads(manifests)}
     wired = set()
     for w in workloads(manifests):
-        for c in containers(w):
+        for c in containers(w) + pod_spec(w).get("initContainers", []):
             for where, host, port in _addresses(c):
                 if host in ("0.0.0.0", "127.0.0.1"):
                     continue
@@ -473,12 +473,21 @@ def test_pod_disruption_budgets_cover_every_long_running_component(chart_default
     assert pdbs[full("env")]["spec"]["maxUnavailable"] == 1
 
 
+def test_driver_waits_for_every_service(chart_default):
+    job = workload_of(chart_default, "train")
+    waits = pod_spec(job)["initContainers"]
+    assert [w["name"] for w in waits] == ["wait-env", "wait-reward", "wait-rollout", "wait-learner"]
+    for w, comp in zip(waits, ("env", "reward", "rollout", "learner")):
+        assert w["command"] == ["python", "-m", "sinkflex.healthcheck"]
+        assert w["args"] == [f"{full(comp)}:{PORTS[comp][0]}", "--service", HEALTH_SERVICES[comp], "--wait", "7200"]
+
+
 def test_pods_run_as_non_root(chart_default):
     for w in workloads(chart_default):
         spec = pod_spec(w)
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["runAsUser"] != 0
-        for c in spec["containers"]:
+        for c in spec["containers"] + spec.get("initContainers", []):
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
 

@@ -274,5 +274,11 @@ def test_build_time_commands_exist(all_cli_help):
     from sinkflex.models import KNOWN_MODELS
 
     assert "smollm2" in KNOWN_MODELS
-    assert {"--service", "--timeout"} <= cli_flags("sinkflex.healthcheck")
+    known = cli_flags("sinkflex.healthcheck")
+    assert {"--service", "--timeout", "--wait"} <= known
+    # the chart's init containers (the driver waits for the services)
+    for w in workloads(render_chart()):
+        for c in w["spec"]["template"]["spec"].get("initContainers", []):
+            assert c["command"] == ["python", "-m", "sinkflex.healthcheck"]
+            assert set(flags_used(c["args"])) <= known, c["args"]
     assert re.search(r"\bsinkflex-rl\b", (ROOT / "pyproject.toml").read_text())  # the console script

@@ -144,3 +144,20 @@ def test_healthcheck_cli_exit_codes(server):
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
     down = run("127.0.0.1:1", "--timeout", "1")
     assert down.returncode == 1 and "UNAVAILABLE" in down.stderr
+
+
+def test_healthcheck_wait_until_serving(server):
+    """--wait (the driver's init containers): returns once the service turns SERVING."""
+    import threading
+    import time
+
+    server.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+    threading.Timer(3.0, server.health.set, (SERVICE, health_pb2.HealthCheckResponse.SERVING)).start()
+    start = time.monotonic()
+    ok = subprocess.run([sys.executable, "-m", "sinkflex.healthcheck", f"127.0.0.1:{server.port}", "--service", SERVICE,
+                         "--wait", "60"], capture_output=True, text=True, timeout=90)
+    assert ok.returncode == 0 and "SERVING" in ok.stdout, ok.stderr
+    assert 2.5 < time.monotonic() - start < 60
+    gone = subprocess.run([sys.executable, "-m", "sinkflex.healthcheck", "127.0.0.1:1", "--timeout", "0.5", "--wait", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 1 and "UNAVAILABLE" in gone.stderr
