@@ -111,6 +111,24 @@ class LocalLauncher:
 
     def start(self, spec: ManagedProcess, ready_timeout: float = 300.0) -> ManagedProcess:
         """Starts `spec` in a new process group and waits until it is ready."""
+        return self.start_all([spec], ready_timeout)[0]
+
+    def start_all(self, specs: list[ManagedProcess], ready_timeout: float = 300.0) -> list[ManagedProcess]:
+        """Starts every spec at once (they load in parallel), then waits until each is ready.
+
+        Raises:
+            RuntimeError / TimeoutError: a process exited or was not ready in time (see
+            `ManagedProcess.wait_ready`); the processes already started are stopped on exit.
+        """
+        for spec in specs:
+            self._spawn(spec)
+        deadline = time.monotonic() + ready_timeout
+        for spec in specs:
+            spec.wait_ready(max(1.0, deadline - time.monotonic()))
+            log.info("%s ready (pid %d%s)", spec.name, spec.proc.pid, f", {spec.address}" if spec.address else "")
+        return specs
+
+    def _spawn(self, spec: ManagedProcess) -> None:
         spec.log_path = self.log_dir / f"{spec.name}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         log.info("starting %s: %s", spec.name, " ".join(spec.argv))
@@ -119,9 +137,6 @@ class LocalLauncher:
                 spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
             )
         self.processes.append(spec)
-        spec.wait_ready(ready_timeout)
-        log.info("%s ready (pid %d%s)", spec.name, spec.proc.pid, f", {spec.address}" if spec.address else "")
-        return spec
 
     def check_alive(self) -> None:
         """Raises RuntimeError if a launched process has died."""

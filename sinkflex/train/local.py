@@ -57,42 +57,38 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     ports = {name: free_port() for name in ("env", "reward", "rollout", "learner", "user_sim")}
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
 
+    specs = []
     user_base_url = None
     if not cfg.task.solo_mode and cfg.models.user_simulator:
         user_model = resolve_model(cfg.models.user_simulator)
         user_base_url = f"http://127.0.0.1:{ports['user_sim']}/v1"
-        launcher.start(
-            ManagedProcess(
-                "user_sim",
-                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", user_model,
-                 "--served-model-name", "user-sim", "--host", "127.0.0.1", "--port", str(ports["user_sim"]),
-                 "--kv-cache-memory-bytes", str(int(cfg.local.user_sim_kv_cache_gib * (1 << 30))),
-                 "--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed)],
-                health=f"http:{user_base_url}/models",
-            ),
-            ready_timeout=cfg.local.ready_timeout_s,
-        )
+        specs.append(ManagedProcess(
+            "user_sim",
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", user_model,
+             "--served-model-name", "user-sim", "--host", "127.0.0.1", "--port", str(ports["user_sim"]),
+             "--kv-cache-memory-bytes", str(int(cfg.local.user_sim_kv_cache_gib * (1 << 30))),
+             "--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed)],
+            health=f"http:{user_base_url}/models",
+            # vLLM CPU binds its OpenMP threads to core 0 by default; the policy engine keeps
+            # it, the user simulator takes the last core
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1))},
+        ))
     configs = service_configs(cfg, policy, addresses, redis_url, user_base_url)
     paths = {name: _write(run_dir, name, c) for name, c in configs.items()}
     common_env = {"REDIS_URL": redis_url}
-
-    for name, module, cfg_name, extra in [
+    for name, module, section, extra in [
         ("env", "env_service", "env_service", []),
         ("reward", "reward_service", "reward_service", ["--no-metrics"]),
         ("rollout", "rollout_service", "rollout_service", []),
     ]:
-        launcher.start(
-            ManagedProcess(name, python_module(module, "--config", str(paths[cfg_name]), "--port", str(ports[name]), *extra),
-                           health=HEALTH[name], address=addresses[name], env=common_env),
-            ready_timeout=cfg.local.ready_timeout_s,
-        )
+        specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
+                                    health=HEALTH[name], address=addresses[name], env=common_env))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.local.learner_procs}"]
-    launcher.start(
-        ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner"]),
-                                   "--port", str(ports["learner"]), "--metrics-port", "-1"],
-                       health=HEALTH["learner"], address=addresses["learner"], env=common_env),
-        ready_timeout=cfg.local.ready_timeout_s,
-    )
+    specs.append(ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner"]),
+                                            "--port", str(ports["learner"]), "--metrics-port", "-1"],
+                                health=HEALTH["learner"], address=addresses["learner"], env=common_env))
+    # all at once: they load in parallel (the rollout engine and the learner are the slow ones)
+    launcher.start_all(specs, ready_timeout=cfg.local.ready_timeout_s)
     return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner=addresses["learner"])
 
 
