@@ -154,13 +154,19 @@ class LocalLauncher:
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + self.grace_seconds
+        force = False
         for p in reversed(self.processes):
             if p.proc is None:
                 continue
             try:
-                p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                if not force:
+                    p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop within %.0fs: SIGKILL", p.name, self.grace_seconds)
+            except KeyboardInterrupt:  # a second Ctrl-C: no more grace
+                log.warning("interrupted again: killing the remaining services")
+                force = True
+            if p.proc.poll() is None:
                 try:
                     os.killpg(p.proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
