@@ -470,7 +470,7 @@ def test_pod_disruption_budgets_cover_every_long_running_component(chart_default
         matching = [p for p in pdbs.values() if p["spec"]["selector"]["matchLabels"].items() <= labels.items()]
         assert len(matching) == 1, w["metadata"]["name"]
     assert pdbs[full("learner")]["spec"]["maxUnavailable"] == 0  # one evicted node stops the job
-    assert pdbs[full("env")]["spec"]["maxUnavailable"] == 1
+    assert pdbs[full("reward")]["spec"]["maxUnavailable"] == 1
 
 
 def test_driver_waits_for_every_service(chart_default):
@@ -551,7 +551,7 @@ def test_service_monitor_scrapes_every_metrics_port(chart_all_optional):
 
 
 def test_gpt_oss_20b_values_render_valid_manifests():
-    """charts/sinkflex/values-gpt-oss-20b.yaml (docs/deploy.md): 8-GPU learner, 2 rollout engines."""
+    """charts/sinkflex/values-gpt-oss-20b.yaml (docs/deploy.md): 8-GPU learner, 1-GPU engines."""
     import yaml
 
     values = yaml.safe_load((CHART / "values-gpt-oss-20b.yaml").read_text())
@@ -562,7 +562,8 @@ def test_gpt_oss_20b_values_render_valid_manifests():
     assert learner["resources"]["requests"]["nvidia.com/gpu"] == 8
     assert env_of(learner)["NPROC_PER_NODE"]["value"] == "8"
     rollout = workload_of(manifests, "rollout")
-    assert rollout["spec"]["replicas"] == 2
+    assert rollout["spec"]["replicas"] == 1
+    assert containers(rollout)[0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     for w in workloads(manifests):
         if w["kind"] != "StatefulSet" or component(w) != "redis":
             for c in containers(w):
