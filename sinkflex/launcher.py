@@ -44,6 +44,7 @@ class ManagedProcess:
             2xx answer), or "" (no readiness check).
         address: "host:port" the service listens on ("" when not a gRPC service).
         env: extra environment variables.
+        stop_grace_s: seconds from SIGTERM to SIGKILL (the learner needs time to checkpoint).
     """
 
     name: str
@@ -51,6 +52,8 @@ class ManagedProcess:
     health: str = ""
     address: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    stop_grace_s: float | None = None
+    """Seconds between SIGTERM and SIGKILL (None: the launcher's default)."""
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
 
@@ -153,16 +156,17 @@ class LocalLauncher:
                     os.killpg(p.proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + self.grace_seconds
+        t0 = time.monotonic()
         force = False
         for p in reversed(self.processes):
             if p.proc is None:
                 continue
+            grace = self.grace_seconds if p.stop_grace_s is None else p.stop_grace_s
             try:
                 if not force:
-                    p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                    p.proc.wait(timeout=max(0.1, t0 + grace - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0fs: SIGKILL", p.name, self.grace_seconds)
+                log.warning("%s did not stop within %.0fs: SIGKILL", p.name, grace)
             except KeyboardInterrupt:  # a second Ctrl-C: no more grace
                 log.warning("interrupted again: killing the remaining services")
                 force = True

@@ -111,6 +111,8 @@ class LocalConfig(StrictModel):
     """torchrun --nproc_per_node of the learner (FSDP2 over gloo on CPU)."""
     user_sim_kv_cache_gib: float = Field(1.0, gt=0)
     ready_timeout_s: float = Field(600.0, gt=0)
+    learner_stop_grace_s: float = Field(600.0, gt=0)
+    """On stop the learner finishes its step and checkpoints; SIGKILL after this many seconds."""
 
 
 class TrainConfig(StrictModel):

@@ -86,7 +86,8 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.local.learner_procs}"]
     specs.append(ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner"]),
                                             "--port", str(ports["learner"]), "--metrics-port", "-1"],
-                                health=HEALTH["learner"], address=addresses["learner"], env=common_env))
+                                health=HEALTH["learner"], address=addresses["learner"], env=common_env,
+                                stop_grace_s=cfg.local.learner_stop_grace_s))
     # all at once: they load in parallel (the rollout engine and the learner are the slow ones)
     launcher.start_all(specs, ready_timeout=cfg.local.ready_timeout_s)
     return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner=addresses["learner"])
