@@ -29,7 +29,7 @@ from torch import Tensor
 
 from sinkflex.attention.masks import MaskSpec
 
-DEFAULT_Q_TILE = 256
+DEFAULT_Q_TILE = 512  # 256 when the mask's key range per query tile is narrow (sliding window)
 DEFAULT_KV_TILE = 512
 
 
@@ -88,7 +88,7 @@ def _forward(q, k, v, sinks, mask, scale, q_tile, kv_tile):
                 continue
             new_max = torch.maximum(row_max, scores.amax(dim=-1))
             safe_max = _finite_or_zero(new_max)
-            probs = torch.exp(scores.sub_(safe_max[..., None]))  # masked -> e^{-inf} = 0
+            probs = scores.sub_(safe_max[..., None]).exp_()  # masked -> e^{-inf} = 0
             rescale = torch.exp(row_max - safe_max)  # row_max = -inf (nothing seen yet) -> 0
             row_sum = row_sum * rescale + probs.sum(dim=-1)
             acc = acc * rescale[..., None] + probs @ v[:, :, k0:k1]
@@ -127,7 +127,7 @@ def _backward(q, k, v, sinks, mask, scale, out, lse_total, grad_out, q_tile, kv_
             scores = _masked_scores(q_t, k_t, mask, group, q0, q1, k0, k1)
             if scores is None:
                 continue
-            probs = torch.exp(scores.sub_(lse_t))  # P = e^{S − L}  [B, Hkv, G·tq, tk]
+            probs = scores.sub_(lse_t).exp_()  # P = e^{S − L}  [B, Hkv, G·tq, tk]
             grad_v[:, :, k0:k1] += probs.transpose(-1, -2) @ do_t  # dV += Pᵀ dO (sums the G heads)
             dscores = do_t @ v_t.transpose(-1, -2)  # dP = dO Vᵀ
             dscores.sub_(delta_t).mul_(probs)  # dS = P ∘ (dP − D)
@@ -179,7 +179,7 @@ def blockwise_sink_attention(
     mask: MaskSpec | None,
     scale: float,
     *,
-    q_tile: int = DEFAULT_Q_TILE,
+    q_tile: int | None = None,
     kv_tile: int = DEFAULT_KV_TILE,
 ) -> Tensor:
     """Exact sink attention in O(n) memory, differentiable in q, k, v and sinks (any device).
@@ -190,9 +190,18 @@ def blockwise_sink_attention(
         sinks: ``[Hq]`` sink logits, or None for plain attention.
         mask: allowed (query, key) pairs (`MaskSpec`), or None for all.
         scale: multiplies q·k.
-        q_tile, kv_tile: tile sizes (memory per step ~ ``B·Hq·q_tile·kv_tile`` floats).
+        q_tile, kv_tile: tile sizes (memory per step ~ ``B·Hq·q_tile·kv_tile`` floats); q_tile
+            None = 512, or 256 when the mask lets a query tile see fewer than 1024 keys.
 
     Returns:
         ``[B, Hq, Nq, D]`` in q's dtype.
     """
+    if q_tile is None:
+        q_tile = DEFAULT_Q_TILE
+        q_len, kv_len = q.shape[2], k.shape[2]
+        if mask is not None and q_len > q_tile:
+            lo, hi = mask.key_bounds(q_len // 2, q_len // 2 + q_tile, kv_len)
+            q_tile = q_tile if hi - lo >= 2 * q_tile else q_tile // 2
+    if q_tile < 1 or kv_tile < 1:
+        raise ValueError(f"tile sizes must be >= 1; got q_tile={q_tile}, kv_tile={kv_tile}")
     return BlockwiseSinkAttention.apply(q, k, v, sinks, mask, scale, q_tile, kv_tile)

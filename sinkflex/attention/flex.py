@@ -105,6 +105,8 @@ def flex_sink_attention(
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
         return_aux=AuxRequest(lse=True),
+        # the Triton kernel differentiates through the LSE; the experimental FLASH backend does not
+        kernel_options={"BACKEND": "TRITON"} if on_cuda else None,
     )
     math_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = aux.lse.to(math_dtype)  # [B, Hq, Nq], natural log
