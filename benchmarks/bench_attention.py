@@ -39,7 +39,7 @@ HQ, HKV, DIM, WINDOW = 8, 1, 64, 128
 EAGER_LIMIT_GIB = 6.0
 CHILD_HEADROOM_GIB = 6.5
 IMPLS = ("eager", "ours", "ours_nosink", "sdpa")
-PAIRED_MAX = 4096  # sink overhead measured in interleaved pairs up to this size
+PAIRED_MAX = 2048  # sink overhead measured in interleaved pairs up to this size
 LAYERS = ("sliding", "full")
 
 

@@ -355,7 +355,7 @@ def main() -> int:
         return 2
     # the uncompiled flex path (a dense fallback) must never run silently
     warnings.filterwarnings("error", message=".*flex_attention called without torch.compile.*")
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 32)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
         torch._dynamo.config.fail_on_recompile_limit_hit = True
 

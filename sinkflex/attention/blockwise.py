@@ -54,8 +54,11 @@ def _masked_scores(q_t: Tensor, k_t: Tensor, mask: MaskSpec | None, group: int, 
     """
     batch, n_kv = q_t.shape[:2]
     allowed = None if mask is None else mask.tile(batch, q0, q1, k0, k1, q_t.device)  # [B or 1, tq, tk]
-    if allowed is not None and not bool(allowed.any()):
-        return None
+    if allowed is not None:
+        if not bool(allowed.any()):
+            return None
+        if bool(allowed.all()):
+            allowed = None  # e.g. transformers' masks, which carry no structure hints
     scores = q_t @ k_t.transpose(-1, -2)  # [B, Hkv, G·tq, tk]
     if allowed is not None:
         scores.view(batch, n_kv, group, q1 - q0, k1 - k0).masked_fill_(~allowed[:, None, None], float("-inf"))
