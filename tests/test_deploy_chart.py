@@ -421,14 +421,18 @@ def test_existing_secrets_and_external_redis():
 def test_model_endpoint_keys_come_from_the_secret(chart_all_optional):
     secret = by_kind(chart_all_optional, "Secret")[full("model-endpoints")]
     keys = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    assert keys == {"user-sim-api-key": "EMPTY", "judge-api-key": "EMPTY", "hf-token": "hf_test_token"}
+    assert keys == {"user-sim-api-key": "EMPTY", "hf-token": "hf_test_token"}
     (env_c,) = containers(workload_of(chart_all_optional, "env"))
     assert arg_value(env_c["args"], "--user-api-key") == "$(USER_SIM_API_KEY)"
     assert env_of(env_c)["USER_SIM_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == full("model-endpoints")
     (sim,) = containers(workload_of(chart_all_optional, "user-sim"))
     assert arg_value(sim["args"], "--api-key") == "$(USER_SIM_API_KEY)"
     (rew,) = containers(workload_of(chart_all_optional, "reward"))
-    assert env_of(rew)["SINKFLEX_JUDGE_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "judge-api-key"
+    assert env_of(rew)["SINKFLEX_JUDGE_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": full("model-endpoints"), "key": "judge-api-key", "optional": True}
+    judged = render_chart({"modelEndpoints": {"judgeApiKey": "sk-judge"}})
+    secret = by_kind(judged, "Secret")[full("model-endpoints")]
+    assert base64.b64decode(secret["data"]["judge-api-key"]).decode() == "sk-judge"
     for comp in ("rollout", "learner", "user-sim"):
         (c,) = containers(workload_of(chart_all_optional, comp))
         assert env_of(c)["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {
