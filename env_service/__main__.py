@@ -29,6 +29,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, dest="default_max_steps", help="default step budget of an episode")
     p.add_argument("--no-reward", action="store_true", help="do not score episodes with tau2's evaluator on termination")
     p.add_argument("--max-workers", type=int)
+    p.add_argument("--metrics-port", type=int, default=9091, help="Prometheus metrics port (-1: none, 0: any free port)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -64,7 +65,8 @@ def main(argv=None) -> None:
     config = config_from_args(args)
     from env_service.server import build_server
 
-    server, _core = build_server(config, port=args.port, host=args.host)
+    metrics_port = None if args.metrics_port < 0 else args.metrics_port
+    server, _core = build_server(config, port=args.port, host=args.host, metrics_port=metrics_port)
     server.install_signal_handlers()
     server.wait()
 

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from typing import Callable
 
 from env_service.catalog import Catalog
 from env_service.config import EnvServiceConfig
@@ -48,6 +49,12 @@ class EnvCore:
         self._lock = threading.Lock()
         self._reaper_stop = threading.Event()
         self._reaper: threading.Thread | None = None
+        #: Called with the number of open sessions whenever it changes (e.g. a Prometheus gauge).
+        self.on_sessions_changed: Callable[[int], None] | None = None
+
+    def _changed(self) -> None:
+        if self.on_sessions_changed is not None:
+            self.on_sessions_changed(len(self._sessions))
 
     # -- EnvService ------------------------------------------------------------------------
     def list_environments(self) -> list[env_pb2.EnvironmentInfo]:
@@ -114,6 +121,7 @@ class EnvCore:
             observation = session.reset()
             with self._lock:
                 self._sessions[session.session_id] = session
+                self._changed()
         finally:
             with self._lock:
                 self._reserved -= 1
@@ -157,6 +165,7 @@ class EnvCore:
         with self._lock:
             if self._sessions.pop(session_id, None) is not None:
                 self._forget(session_id, "closed")
+                self._changed()
 
     # -- sessions --------------------------------------------------------------------------
     @property
@@ -176,6 +185,7 @@ class EnvCore:
             if session is not None and self._expired(session):
                 del self._sessions[session_id]
                 self._forget(session_id, "expired")
+                self._changed()
                 session = None
             if session is None:
                 why = self._gone.get(session_id)
@@ -202,6 +212,8 @@ class EnvCore:
             for sid in expired:
                 del self._sessions[sid]
                 self._forget(sid, "expired")
+            if expired:
+                self._changed()
         if expired:
             log.info("freed %d expired sessions", len(expired))
         return len(expired)

@@ -64,19 +64,24 @@ def build_server(
     host: str = "127.0.0.1",
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     core: EnvCore | None = None,
+    metrics_port: int | None = None,
 ) -> tuple[ServiceServer, EnvCore]:
     """Starts an env server (health NOT_SERVING), loads the domains, sets SERVING.
 
     Returns the started server (its bound port in `.port`; `port=0` picks a free one)
-    and its core. The caller stops it with `server.stop()`.
+    and its core. The caller stops it with `server.stop()`. With `metrics_port`, Prometheus
+    metrics (RPC counts and latencies by method and code, open sessions) are served there.
     """
     server = ServiceServer(port=port, service_names=[SERVICE_NAME], host=host,
-                           max_workers=config.max_workers, max_message_bytes=max_message_bytes)
+                           max_workers=config.max_workers, max_message_bytes=max_message_bytes,
+                           metrics_port=metrics_port, metrics_service="env")
     servicer = EnvServicer()  # UNAVAILABLE until the core is set (health says NOT_SERVING)
     env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server.server)
     server.start()
     core = core if core is not None else EnvCore(config)
     servicer.set_core(core)
+    if metrics_port is not None:
+        core.on_sessions_changed = server.metrics.set_sessions
     core.start_reaper()
     server.on_stop(core.shutdown)
     server.set_serving()

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import gymnasium as gym
@@ -73,10 +74,10 @@ def test_check_reports_failures():
 def test_python_m_env_service_check_replay_and_sigterm(tmp_path):
     """`python -m env_service` serves, passes the conformance suite, replays a golden
     episode over gRPC, and stops gracefully on SIGTERM."""
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     proc = subprocess.Popen([sys.executable, "-m", "env_service", "--port", str(port), "--domains", "mock",
-                             "--max-sessions", "8", "--session-ttl", "60"], cwd=ROOT, env=env)
+                             "--max-sessions", "8", "--session-ttl", "60", "--metrics-port", str(metrics_port)], cwd=ROOT, env=env)
     try:
         address = f"127.0.0.1:{port}"
         check = CliRunner().invoke(app, ["env", "check", address, "--timeout", "120"])
@@ -85,6 +86,10 @@ def test_python_m_env_service_check_replay_and_sigterm(tmp_path):
         replay = CliRunner().invoke(app, ["env", "replay", "--env", "mock", "--task", "create_task_1", "--solo", "--address", address])
         assert replay.exit_code == 0, replay.output
         assert "termination=agent_stop server_reward=1" in replay.output and "reward=1 " in replay.output
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        assert 'sinkflex_sessions{sinkflex_service="env"} 0.0' in metrics  # every session was closed
+        assert 'grpc_method="Reset"' in metrics and 'grpc_code="NOT_FOUND"' in metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
