@@ -126,7 +126,7 @@ class AgentLoop:
                                      policy_version=self.engine.policy_version)
         tokens = _Tokens()
         m = {"turns": 0, "parse_failures": 0, "tool_calls": 0, "truncated_turns": 0, "generated_tokens": 0,
-             "engine_seconds": 0.0, "env_seconds": 0.0}
+             "engine_seconds": 0.0, "env_seconds": 0.0, "format_seconds": 0.0}
         t_start = time.perf_counter()
         session_id = ""
         reason = TR.TERMINATION_REASON_MAX_TURNS
@@ -140,7 +140,9 @@ class AgentLoop:
             traj.task_id = reset.task_id or spec.task_id
             traj.messages.append(common_pb2.Message(role=common_pb2.ROLE_SYSTEM, content=reset.system_prompt))
             traj.messages.extend(reset.observation)
+            t0 = time.perf_counter()
             tokens.add_prompt(fmt.initial_prompt(reset.system_prompt, reset.tools, reset.observation))
+            m["format_seconds"] += time.perf_counter() - t0
             prompt_start = 0
             for turn in range(spec.max_turns):
                 budget = min(spec.sampling.max_new_tokens, spec.max_context_tokens - len(tokens.ids),
@@ -163,7 +165,9 @@ class AgentLoop:
                 m["engine_seconds"] += gen.seconds
                 m["truncated_turns"] += gen.truncated
                 traj.policy_version = min(traj.policy_version, gen.policy_version)
+                t0 = time.perf_counter()
                 parsed = fmt.parse(gen.token_ids)
+                m["format_seconds"] += time.perf_counter() - t0
                 info.parse_error = bool(parsed.parse_error)
                 m["parse_failures"] += info.parse_error
                 m["tool_calls"] += len(parsed.calls)
@@ -187,7 +191,9 @@ class AgentLoop:
                 if turn + 1 == spec.max_turns:
                     break
                 prompt_start = len(tokens.ids)
+                t0 = time.perf_counter()
                 tokens.add_prompt(fmt.suffix(step.observation, ended_turn=not gen.truncated))
+                m["format_seconds"] += time.perf_counter() - t0
         except (ServiceError, OSError, RuntimeError, ValueError) as err:
             log.warning("episode %s of %s/%s failed: %s", traj.trajectory_id, spec.env, spec.task_id, err)
             reason = TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR

@@ -131,7 +131,7 @@ class Engine:
 
     # -- generation ---------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: Sampling, stop_token_ids: list[int] | None = None,
-                       max_tokens: int | None = None, want_logprobs: bool = True, count: bool = True) -> Generation:
+                       max_tokens: int | None = None, want_logprobs: bool = True, count: bool = True, min_tokens: int = 0) -> Generation:
         """Samples one completion of `prompt_ids` (runs on `self.loop`).
 
         Args:
@@ -140,6 +140,7 @@ class Engine:
             stop_token_ids: extra stop tokens (the tokenizer's EOS always stops).
             want_logprobs: ask for the sampled token's log-prob.
             count: add to `tokens_generated` (False for warm-up requests).
+            min_tokens: generate at least this many tokens (benchmark replays of fixed length).
 
         Raises:
             ServiceError INVALID_ARGUMENT: empty prompt or no room left in the context.
@@ -156,7 +157,7 @@ class Engine:
             raise invalid_argument(f"prompt of {len(prompt_ids)} tokens leaves no room in max_model_len {self.max_model_len}")
         params = SamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
-            max_tokens=budget, seed=sampling.seed, logprobs=0 if want_logprobs else None,
+            max_tokens=budget, min_tokens=min(min_tokens, budget), seed=sampling.seed, logprobs=0 if want_logprobs else None,
             stop_token_ids=list(stop_token_ids or []), detokenize=False, skip_special_tokens=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )

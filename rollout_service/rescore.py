@@ -45,13 +45,51 @@ def rescore(model, traj: common_pb2.Trajectory, temperature: float) -> torch.Ten
     return out_T
 
 
-def turn_mismatch(model, traj: common_pb2.Trajectory, temperature: float) -> list[TurnMismatch]:
+@torch.no_grad()
+def rescore_group(model, trajs: list[common_pb2.Trajectory], temperature: float) -> list[torch.Tensor]:
+    """`rescore` for the trajectories of a group, computing their shared prompt prefix once.
+
+    The G trajectories of a task usually start with the same prompt (thousands of tokens
+    for tau2 retail): its KV cache is computed once and copied for each trajectory's tail.
+    Logits are computed only where a token is scored.
+
+    Returns:
+        one logp_T ([T] float32, 0 at t = 0) per trajectory.
+    """
+    import copy
+
+    if not trajs:
+        return []
+    seqs = [list(t.token_ids) for t in trajs]
+    first_gen = min((t.turns[0].generation_start for t in trajs if t.turns), default=min(map(len, seqs)))
+    p = 0
+    while p < first_gen - 1 and all(len(s) > p and s[p] == seqs[0][p] for s in seqs):
+        p += 1
+    body, head = model.model, model.lm_head
+    prefix = body(input_ids=torch.tensor(seqs[0][:p])[None], use_cache=True)  # shared prompt, once
+    last_h = prefix.last_hidden_state[0, -1:]  # (1, D): predicts token p
+    out = []
+    for s in seqs:
+        ids_T = torch.tensor(s, dtype=torch.long)
+        tail = body(input_ids=ids_T[None, p:], past_key_values=copy.deepcopy(prefix.past_key_values), use_cache=True)
+        h_RD = torch.cat([last_h, tail.last_hidden_state[0, :-1]])  # (T - p, D): predicts tokens p..T-1
+        logp_RV = torch.log_softmax(head(h_RD).float() / max(temperature, 1e-6), dim=-1)
+        logp_T = torch.zeros(len(s), dtype=torch.float32)
+        logp_T[p:] = logp_RV.gather(1, ids_T[p:, None])[:, 0]
+        out.append(logp_T)
+    return out
+
+
+def turn_mismatch(model, traj: common_pb2.Trajectory, temperature: float,
+                  ref_T: torch.Tensor | None = None) -> list[TurnMismatch]:
     """Per-turn mismatch between `traj.logprobs` (engine) and a transformers re-score.
 
+    `ref_T` ([T]) is a precomputed re-score (e.g. from `rescore_group`); None: `rescore`.
     Also logs it (logger `rollout_service.rescore`, one line per turn) and stores
     ``logprob_mismatch_turn{k}`` / ``logprob_mismatch_max`` in `traj.metrics`.
     """
-    ref_T = rescore(model, traj, temperature)
+    if ref_T is None:
+        ref_T = rescore(model, traj, temperature)
     eng_T = torch.tensor(list(traj.logprobs), dtype=torch.float32)
     out = []
     for k, t in enumerate(traj.turns):

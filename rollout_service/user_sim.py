@@ -60,6 +60,8 @@ class UserSimServer:
                  port: int = 0, max_tokens: int = 256):
         self.engine, self.tokenizer, self.model_name, self.max_tokens = engine, tokenizer, model_name, max_tokens
         self.requests = 0
+        self.completion_tokens = 0
+        self.history: list[tuple[list[int], int]] = []  # (prompt ids, generated count) of each request
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -125,6 +127,8 @@ class UserSimServer:
         gen = self.engine.run(self.engine.generate(ids, sampling, want_logprobs=False,
                                                    stop_token_ids=[self.tokenizer.eos_token_id]))
         self.requests += 1
+        self.completion_tokens += len(gen.token_ids)
+        self.history.append((ids, len(gen.token_ids)))
         text = self.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
