@@ -284,3 +284,40 @@ def test_build_time_commands_exist(all_cli_help):
             assert c["command"] == ["python", "-m", "sinkflex.healthcheck"]
             assert set(flags_used(c["args"])) <= known, c["args"]
     assert re.search(r"\bsinkflex-rl\b", (ROOT / "pyproject.toml").read_text())  # the console script
+
+
+def test_the_reward_image_entry_point_serves_grpc_health_and_metrics(tmp_path):
+    """What the reward container runs — `sinkflex-service reward --host H --port P
+    --metrics-port M` on the experiment its image names — started for real: the service
+    reports SERVING to `python -m sinkflex.healthcheck` (the image's HEALTHCHECK) and serves
+    Prometheus metrics; SIGTERM stops it."""
+    import signal
+    import socket
+    import urllib.request
+
+    from sinkflex.launcher import free_port
+
+    port, metrics_port = free_port(), free_port()
+    image_config = re.search(r"SINKFLEX_CONFIG=(\S+)", (DOCKER / "reward.Dockerfile").read_text()).group(1)
+    config = image_config if (ROOT / image_config).is_file() else "configs/demo.yaml"
+    env = {**{k: v for k, v in __import__("os").environ.items() if not k.startswith("SINKFLEX_")},
+           "SINKFLEX_CONFIG": config, "SINKFLEX_CONFIG_DIR": str(tmp_path), "SINKFLEX_GRPC_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, str(DOCKER / "sinkflex_service.py"), "reward", "--host", "127.0.0.1",
+                             "--port", str(port), "--metrics-port", str(metrics_port)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        health = subprocess.run([sys.executable, "-m", "sinkflex.healthcheck", f"127.0.0.1:{port}",
+                                 "--service", "sinkflex.api.reward.v1.RewardService", "--wait", "240"],
+                                capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert health.returncode == 0, health.stderr + (proc.stdout.read() if proc.poll() is not None else "")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        assert 'grpc_server_handled_total{grpc_code="OK",grpc_method="Check",grpc_service="grpc.health.v1.Health"' in text
+        assert 'sinkflex_service="reward"' in text
+        assert (tmp_path / "reward.yaml").is_file()  # the derived config it was started with
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode in (0, -signal.SIGTERM), out[-3000:]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
