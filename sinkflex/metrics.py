@@ -33,7 +33,8 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 import prometheus_client

@@ -169,13 +169,13 @@ def test_dry_run_cli_and_light_images_start_without_torch(experiment, tmp_path):
             f"runpy.run_path({str(DOCKER / 'sinkflex_service.py')!r}, run_name='__main__')\n")
     for service, module in (("env", "env_service"), ("reward", "reward_service")):
         proc = subprocess.run([sys.executable, "-c", code, service, "--dry-run", "--port", "50051"],
-                              capture_output=True, text=True, env={**environ, "PATH": "/usr/bin:/bin"}, timeout=120, cwd=ROOT)
+                              capture_output=True, text=True, env={**environ, "PATH": "/usr/bin:/bin"}, timeout=120, cwd=ROOT, check=False)
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
         assert out["argv"][1:3] == ["-m", module] and out["argv"][-2:] == ["--port", "50051"]
         assert Path(out["config"]).is_file()
     bad = subprocess.run([sys.executable, str(DOCKER / "sinkflex_service.py"), "env"], capture_output=True, text=True,
-                         env={**environ, "SINKFLEX_CONFIG": "missing.yaml"}, timeout=120, cwd=ROOT)
+                         env={**environ, "SINKFLEX_CONFIG": "missing.yaml"}, timeout=120, cwd=ROOT, check=False)
     assert bad.returncode == 2 and "config file not found: missing.yaml" in bad.stderr
 
 
@@ -308,7 +308,7 @@ def test_the_reward_image_entry_point_serves_grpc_health_and_metrics(tmp_path):
     try:
         health = subprocess.run([sys.executable, "-m", "sinkflex.healthcheck", f"127.0.0.1:{port}",
                                  "--service", "sinkflex.api.reward.v1.RewardService", "--wait", "240"],
-                                capture_output=True, text=True, timeout=300, cwd=ROOT)
+                                capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
         assert health.returncode == 0, health.stderr + (proc.stdout.read() if proc.poll() is not None else "")
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
             text = resp.read().decode()

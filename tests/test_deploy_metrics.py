@@ -50,7 +50,7 @@ def server():
 def test_requests_codes_and_latency_by_method(server):
     base = scrape(server.metrics_port)
     assert server.metrics_service == "env"
-    lbl = dict(sinkflex_service="env", grpc_type="unary", grpc_service=HEALTH, grpc_method="Check")
+    lbl = {"sinkflex_service": "env", "grpc_type": "unary", "grpc_service": HEALTH, "grpc_method": "Check"}
     with make_channel(f"127.0.0.1:{server.port}") as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         for _ in range(3):
@@ -72,7 +72,7 @@ def test_requests_codes_and_latency_by_method(server):
 
 
 def test_streaming_rpc_cancelled_by_client_counts_cancelled(server):
-    lbl = dict(sinkflex_service="env", grpc_type="server_stream", grpc_service=HEALTH, grpc_method="Watch")
+    lbl = {"sinkflex_service": "env", "grpc_type": "server_stream", "grpc_service": HEALTH, "grpc_method": "Watch"}
     base = scrape(server.metrics_port)
     with make_channel(f"127.0.0.1:{server.port}") as ch:
         call = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=SERVICE))
@@ -133,7 +133,7 @@ def test_stop_frees_metrics_port_and_no_metrics_by_default():
 def test_healthcheck_cli_exit_codes(server):
     """`python -m sinkflex.healthcheck` (the Docker HEALTHCHECK): 0 SERVING, 1 otherwise."""
     addr = f"127.0.0.1:{server.port}"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "sinkflex.healthcheck", *a], capture_output=True, text=True, timeout=60)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "sinkflex.healthcheck", *a], capture_output=True, text=True, timeout=60, check=False)
     ok = run(addr, "--service", SERVICE)
     assert ok.returncode == 0, ok.stderr
     assert "SERVING" in ok.stdout
@@ -155,9 +155,9 @@ def test_healthcheck_wait_until_serving(server):
     threading.Timer(3.0, server.health.set, (SERVICE, health_pb2.HealthCheckResponse.SERVING)).start()
     start = time.monotonic()
     ok = subprocess.run([sys.executable, "-m", "sinkflex.healthcheck", f"127.0.0.1:{server.port}", "--service", SERVICE,
-                         "--wait", "60"], capture_output=True, text=True, timeout=90)
+                         "--wait", "60"], capture_output=True, text=True, timeout=90, check=False)
     assert ok.returncode == 0 and "SERVING" in ok.stdout, ok.stderr
     assert 2.5 < time.monotonic() - start < 60
     gone = subprocess.run([sys.executable, "-m", "sinkflex.healthcheck", "127.0.0.1:1", "--timeout", "0.5", "--wait", "2"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert gone.returncode == 1 and "UNAVAILABLE" in gone.stderr
