@@ -74,6 +74,9 @@ def test_gpt_oss_packed_documents_equal_separate_runs_and_eager(registered_sinkf
     with torch.no_grad():
         separate = torch.cat([model(input_ids=part).logits for part in ids.split(lengths, dim=1)], dim=1)
     torch.testing.assert_close(packed, separate, atol=1e-10, rtol=1e-10)
+    with torch.no_grad():  # the same masks given densely to sinkflex (user 4D masks are accepted)
+        dense_ours = model(input_ids=ids, position_ids=position_ids, attention_mask=dense).logits
+    torch.testing.assert_close(dense_ours, packed, atol=1e-10, rtol=1e-10)
     eager, _, eager_grads = _logits_and_grads(model, "eager", ids, position_ids=position_ids, attention_mask=dense)
     torch.testing.assert_close(packed, eager, atol=1e-10, rtol=1e-10)
     for name, grad in eager_grads.items():

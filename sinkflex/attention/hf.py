@@ -112,8 +112,8 @@ def _with_structure(spec: MaskSpec, causal: bool, sliding_window: int | None, of
     return spec._cache[key]
 
 
-def _dense_to_spec(mask: Tensor) -> MaskSpec:
-    """A user-given 4D mask ``[B, 1, Nq, Nk]`` (bool, or float 0/−inf-like additive) as a `MaskSpec`."""
+def _dense_to_spec(mask: Tensor, batch: int) -> MaskSpec:
+    """A user-given 4D mask ``[B or 1, 1, Nq, Nk]`` (bool, or float 0/−inf-like additive) as a `MaskSpec`."""
     if mask.dim() != 4 or mask.shape[1] != 1:
         raise ValueError(f"sinkflex needs a head-independent 4D mask [B, 1, Nq, Nk]; got {tuple(mask.shape)}")
     if mask.dtype == torch.bool:
@@ -123,6 +123,7 @@ def _dense_to_spec(mask: Tensor) -> MaskSpec:
         blocked = mask[:, 0] <= torch.finfo(mask.dtype).min / 2
         if not bool((allowed | blocked).all()):
             raise ValueError("sinkflex does not support additive attention biases; only 0 / -inf masks")
+    allowed = allowed.expand(batch, -1, -1)
 
     def dense(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return allowed[b, q_idx, kv_idx]
@@ -170,7 +171,7 @@ def sinkflex_attention_forward(
             raise NotImplementedError(f"sinkflex attention does not support `{unsupported}`")
     if s_aux is None and isinstance(getattr(module, "sinks", None), torch.Tensor):
         raise ValueError(f"{type(module).__name__} has sinks but none were passed as `s_aux`; refusing to drop them")
-    _batch, _, q_len, _ = query.shape
+    batch, _, q_len, _ = query.shape
     kv_len = key.shape[2]
     causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
     if isinstance(attention_mask, MaskSpec):
@@ -178,7 +179,7 @@ def sinkflex_attention_forward(
     elif isinstance(attention_mask, BlockMask):
         mask = attention_mask
     elif isinstance(attention_mask, Tensor):
-        mask = _dense_to_spec(attention_mask[:, :, :, :kv_len])
+        mask = _dense_to_spec(attention_mask[:, :, :, :kv_len], batch)
         if sliding_window:
             mask = mask & generate_sliding_window(sliding_window, kv_len - q_len)
     elif attention_mask is None:
