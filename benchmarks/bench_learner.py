@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench_learner.py            # CPU cases, table to docs/bench_learner.md
     .venv/bin/python benchmarks/bench_learner.py --quick    # smaller batches (smoke run)
 
-For each case (a model and a batch of rollouts), each mode runs in a fresh process (so
-that the peak memory is its own) for `--steps` timed steps after one warm-up step:
+For each case (a model and a batch of rollouts), one process builds the model once and
+runs the three modes alternately, step by step (A B C A B C ...: load drift on a shared
+machine hits all of them alike), one warm-up step each, then `--steps` timed steps each:
 
 - ``learner``: `Learner.train_step(groups)` — batching, tempered log-probs, GRPO loss
   (eqs. 4–7), entropy and clip metrics, gradient clipping, AdamW, scheduler;
@@ -15,9 +16,9 @@ that the peak memory is its own) for `--steps` timed steps after one warm-up ste
   (eager for gpt-oss: its only exact route with sinks; sdpa for Llama).
 
 tokens/s counts the trained positions (padding excluded) per second of wall time. Peak
-memory: on CUDA, torch.cuda.max_memory_allocated; on CPU, the process's peak RSS (Linux
-ru_maxrss) and its growth over the RSS after the model was built. Modes alternate over
-`--rounds` rounds and the best round of each is reported (the machine is shared).
+memory per mode: on CUDA, torch.cuda.max_memory_allocated; on CPU, the process's peak
+RSS (VmHWM), reset before each step through /proc/self/clear_refs. All three modes share
+the model, its gradients and the AdamW state, so peak differences are the step's own.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -63,7 +63,7 @@ def cases(quick: bool, cuda: bool) -> dict[str, dict]:
     from sinkflex.models import default_model_dir, is_prepared
 
     out = {
-        "gpt-oss-mini (4 layers, sinks, 8q/1kv heads), 8 x 1024 tok": dict(arch=GPT_OSS_MINI, n=4 if quick else 8, T=512 if quick else 1024, prompt=128, micro=2),
+        "gpt-oss-mini (4 layers, sinks, 8q/1kv heads), 4 x 1024 tok": dict(arch=GPT_OSS_MINI, n=4, T=512 if quick else 1024, prompt=128, micro=2),
     }
     smol = default_model_dir("smollm2")
     if is_prepared(smol):
@@ -89,12 +89,39 @@ def make_groups(n: int, T: int, prompt: int, vocab: int, seed: int = 0):
     return groups
 
 
-def rss_gib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+def _status_gib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 2**20  # kB -> GiB
+    raise KeyError(field)
 
 
-def worker(mode: str, case: dict, steps: int) -> dict:
+def reset_peak() -> None:
+    """Resets the peak (CUDA allocator, or the process's VmHWM via /proc/self/clear_refs)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+
+def peak_gib() -> float:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**30
+    return _status_gib("VmHWM")
+
+
+def worker(case: dict, steps: int) -> dict:
+    """One process, one model: the modes alternate step by step (A B C A B C ...), so that
+    load drift on a shared machine hits all of them alike; the peak memory is reset before
+    each step and read after it."""
     import torch
     import torch.nn.functional as F
 
@@ -102,18 +129,14 @@ def worker(mode: str, case: dict, steps: int) -> dict:
     from learner_service.config import LearnerConfig
     from learner_service.trainer import Learner
 
-    cuda = torch.cuda.is_available()
     model = dict(path=case["path"]) if "path" in case else dict(arch=case["arch"])
-    if mode == "plain-default":
-        model["attn_implementation"] = "eager" if case.get("arch", {}).get("model_type") == "gpt_oss" else "sdpa"
+    default_attn = "eager" if case.get("arch", {}).get("model_type") == "gpt_oss" else "sdpa"
     cfg = LearnerConfig.model_validate(dict(
         run_dir="/tmp/bench_learner", model=model, tensorboard=False,
         optim=dict(lr=1e-6), batch=dict(groups_per_step=99, micro_batch_size=case["micro"]),
     ))
     learner = Learner(cfg, metrics=False)
     vocab = learner.model.config.vocab_size
-    base_rss = rss_gib()
-    all_groups = [make_groups(case["n"], case["T"], case["prompt"], vocab, seed=s) for s in range(steps + 1)]
     positions = case["n"] * (case["T"] - 1)
 
     def plain_step(groups):
@@ -130,45 +153,42 @@ def worker(mode: str, case: dict, steps: int) -> dict:
         learner.optimizer.step()
         learner.optimizer.zero_grad(set_to_none=True)
 
-    step = learner.train_step if mode == "learner" else plain_step
-    step(all_groups[0])  # warm-up
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for s in range(steps):
-        step(all_groups[s + 1])
-    if cuda:
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    out = {"mode": mode, "tokens_per_s": positions * steps / dt, "step_s": dt / steps}
-    if cuda:
-        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    else:
-        out["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        out["peak_growth_gib"] = out["peak_gib"] - base_rss
-    return out
+    def run(mode: str, groups) -> tuple[float, float]:
+        learner.model.set_attn_implementation(default_attn if mode == "plain-default" else cfg.model.attn_implementation)
+        reset_peak()
+        t0 = time.perf_counter()
+        (learner.train_step if mode == "learner" else plain_step)(groups)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, peak_gib()
+
+    modes = ("learner", "plain", "plain-default")
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    peaks: dict[str, float] = {m: 0.0 for m in modes}
+    for s in range(steps + 1):  # step 0: warm-up, not timed
+        for m in modes:
+            dt, pk = run(m, make_groups(case["n"], case["T"], case["prompt"], vocab, seed=s))
+            peaks[m] = max(peaks[m], pk)
+            if s > 0:
+                times[m].append(dt)
+    return {m: {"tokens_per_s": positions * steps / sum(times[m]), "step_s": sum(times[m]) / steps, "peak_gib": peaks[m]}
+            for m in modes}
 
 
-def run_case(name: str, case: dict, steps: int, rounds: int, threads: int) -> dict[str, dict]:
-    best: dict[str, dict] = {}
-    for r in range(rounds):
-        for mode in ("learner", "plain", "plain-default"):
-            cmd = [sys.executable, __file__, "--worker", mode, "--case", json.dumps(case), "--steps", str(steps)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
-            if proc.returncode != 0:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                res = {"mode": mode, "error": proc.stderr.strip().splitlines()[-1][:120] if proc.stderr.strip() else "failed"}
-            else:
-                res = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"[{name}] round {r} {res}", file=sys.stderr, flush=True)
-            if mode not in best or res.get("tokens_per_s", 0) > best[mode].get("tokens_per_s", 0):
-                best[mode] = res
-    return best
+def run_case(name: str, case: dict, steps: int, threads: int) -> dict[str, dict]:
+    cmd = [sys.executable, __file__, "--worker", "--case", json.dumps(case), "--steps", str(steps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        err = {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]}
+        return {m: err for m in ("learner", "plain", "plain-default")}
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"[{name}] {res}", file=sys.stderr, flush=True)
+    return res
 
 
 def table(results: dict[str, dict[str, dict]], cuda: bool) -> str:
-    mem = "peak GPU GiB" if cuda else "peak RSS GiB (growth)"
+    mem = "peak GPU GiB" if cuda else "peak RSS GiB"
     lines = [
         f"| case | learner tok/s | plain fwd+bwd tok/s (same attention) | **ratio** | plain, transformers default attention tok/s | learner {mem} | plain {mem} | default-attn {mem} |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -177,7 +197,7 @@ def table(results: dict[str, dict[str, dict]], cuda: bool) -> str:
     def fmt_mem(r):
         if "error" in r:
             return r["error"]
-        return f"{r['peak_gib']:.2f}" + (f" ({r['peak_growth_gib']:+.2f})" if "peak_growth_gib" in r else "")
+        return f"{r['peak_gib']:.2f}"
 
     for name, res in results.items():
         lrn, pl, dflt = res["learner"], res["plain"], res["plain-default"]
@@ -191,28 +211,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (1: stable on a shared machine)")
     p.add_argument("--out", default=str(REPO / "docs" / "bench_learner.md"))
-    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.worker:
-        print(json.dumps(worker(args.worker, json.loads(args.case), args.steps)))
+        print(json.dumps(worker(json.loads(args.case), args.steps)))
         return
     import torch
 
     cuda = torch.cuda.is_available()
-    results = {name: run_case(name, c, args.steps, args.rounds, args.threads) for name, c in cases(args.quick, cuda).items()}
+    results = {name: run_case(name, c, args.steps, args.threads) for name, c in cases(args.quick, cuda).items()}
     device = torch.cuda.get_device_name() if cuda else f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
     load = os.getloadavg()
     body = table(results, cuda)
     print(body)
     header = (
         f"## {'GPU' if cuda else 'CPU'}: {device}, torch {torch.__version__}, fp{'16 (bf16)' if cuda else '32'}\n\n"
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.steps} timed steps after one warm-up, best of "
-        f"{args.rounds} rounds, {args.threads} CPU thread(s) per worker; load average at the end {load[0]:.1f} (shared machine).\n\n"
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.steps} timed steps per mode after one warm-up, "
+        f"modes alternating step by step in one process, {args.threads} CPU thread(s); load average at the end {load[0]:.1f} (shared machine).\n\n"
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

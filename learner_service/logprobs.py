@@ -41,7 +41,9 @@ def token_logprobs(
         raise ValueError(f"logits {tuple(logits_BTV.shape)} and targets {tuple(targets_BT.shape)} do not match")
     out = []
     for s in range(0, targets_BT.shape[1], chunk):
-        z_BCV = logits_BTV[:, s : s + chunk].float() / temperature
+        z_BCV = logits_BTV[:, s : s + chunk].float()
+        if temperature != 1.0:
+            z_BCV = z_BCV / temperature
         picked_BC = z_BCV.gather(-1, targets_BT[:, s : s + chunk, None]).squeeze(-1)
         out.append(picked_BC - torch.logsumexp(z_BCV, dim=-1))
     return torch.cat(out, dim=1)
@@ -59,7 +61,9 @@ def token_entropy(logits_BTV: torch.Tensor, temperature: float = 1.0, chunk: int
     """
     out = []
     for s in range(0, logits_BTV.shape[1], chunk):
-        z_BCV = logits_BTV[:, s : s + chunk].float() / temperature
+        z_BCV = logits_BTV[:, s : s + chunk].float()
+        if temperature != 1.0:
+            z_BCV = z_BCV / temperature
         lse_BC = torch.logsumexp(z_BCV, dim=-1)
         out.append(lse_BC - (torch.softmax(z_BCV, dim=-1) * z_BCV).sum(-1))
     return torch.cat(out, dim=1)

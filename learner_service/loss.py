@@ -16,6 +16,9 @@ Departures and choices:
   of the micro-batches (and summing, not averaging, across ranks) gives exactly the
   gradient of eq. (6) over the global batch.
 - The upper clip may differ from the lower one (ε_high ≥ ε_low, "clip-higher").
+- log ρ is clamped to ±LOG_RATIO_CLAMP (20) before exp: it changes nothing unless
+  ρ > 4.9e8 or ρ < 2e-9 (where that token's gradient becomes 0), and an absurd
+  engine/learner mismatch cannot make the loss infinite.
 - KL is the k3 estimator k3 = r − 1 − log r, r = π_ref/π_θ, per token, normalised by the
   same Σ_i T_i. It is evaluated as expm1(log r) − log r with log r clamped to
   [−KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP], which is exact for small |log r| (no
@@ -33,6 +36,9 @@ import torch
 
 #: |log(π_ref/π_θ)| is clamped here before exp in the k3 estimator (e^20 ≈ 4.9e8).
 KL_LOG_RATIO_CLAMP = 20.0
+#: |log ρ| is clamped here before exp, so that one absurd engine log-prob cannot make the
+#: loss infinite (its gradient is 0 beyond the clamp; such a token is clipped anyway).
+LOG_RATIO_CLAMP = 20.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,7 @@ def grpo_loss(
     logp_BT = logp_BT.float()
     # Masked positions use log-ratio 0 so that exp() never sees garbage from padding.
     log_ratio_BT = torch.where(m_BT, logp_BT - old_logp_BT.detach().float(), torch.zeros_like(logp_BT))
+    log_ratio_BT = log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # ρ stays finite
     ratio_BT = torch.exp(log_ratio_BT)  # ρ, eq. (5)
     adv_BT = adv_B.detach().float()[:, None].expand_as(ratio_BT)  # eq. (4)
     unclipped_BT = ratio_BT * adv_BT

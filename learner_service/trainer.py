@@ -104,6 +104,7 @@ class Learner:
         self.state = LearnerState()
         self._trained: set[str] = set()
         self.last_metrics: dict[str, float] = {}
+        self.skipped_nonfinite = 0  # optimiser steps skipped for a non-finite gradient norm
         self.writer = None
         if metrics and self.rank == 0:
             from sinkflex.reporting import MetricsWriter
@@ -252,6 +253,7 @@ class Learner:
             "optimised_tokens": sums[4].item() / g.ppo_epochs,
             "optimizer_steps": float(len(grad_norms)),
             "positions_trained": sums[6].item(),
+            "nonfinite_grad_steps": float(self.skipped_nonfinite),
         }
         return self._finish(metrics, t0)
 
@@ -313,6 +315,11 @@ class Learner:
             )
             del logits_BTV, logp_BT, loss
         grad_norm = self._clip_grad()
+        if not math.isfinite(grad_norm):  # never let one bad batch destroy the weights
+            log.error("non-finite gradient norm %s: optimiser step skipped", grad_norm)
+            self.skipped_nonfinite += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
