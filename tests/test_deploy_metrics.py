@@ -92,6 +92,27 @@ def test_streaming_rpc_cancelled_by_client_counts_cancelled(server):
     assert sample(after, "grpc_server_started_total", **lbl) - sample(base, "grpc_server_started_total", **lbl) == 1
 
 
+def test_streaming_rpc_past_its_deadline_counts_deadline_exceeded(server):
+    import time
+
+    lbl = dict(sinkflex_service="env", grpc_type="server_stream", grpc_service=HEALTH, grpc_method="Watch")  # noqa: C408
+    base = scrape(server.metrics_port)
+    with make_channel(f"127.0.0.1:{server.port}") as ch:
+        call = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=1.0)
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in call:  # SERVING, then nothing until the deadline
+                pass
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 30
+    key = ("grpc_server_handled_total", dict(lbl, grpc_code="DEADLINE_EXCEEDED"))
+    while time.monotonic() < deadline:
+        after = scrape(server.metrics_port)
+        if sample(after, key[0], **key[1]) > sample(base, key[0], **key[1]):
+            break
+        time.sleep(0.1)
+    assert sample(after, key[0], **key[1]) - sample(base, key[0], **key[1]) == 1
+
+
 def test_service_gauges(server):
     server.metrics.set_sessions(7)
     server.metrics.set_queue_lag("sinkflex:groups", "learners", 12)
