@@ -21,7 +21,7 @@ def _weights(learner):
 def test_gpt_oss_grpo_steps_on_sink_path(tmp_path):
     from sinkflex.attention.hf import NAME  # the sink path is registered under this name
 
-    cfg = learner_config(tmp_path, TINY_GPT_OSS, grpo=dict(beta=0.05, clip_eps_high=0.28))
+    cfg = learner_config(tmp_path, TINY_GPT_OSS, grpo=dict(beta=0.05, clip_eps_high=0.28), tensorboard=True)
     learner = Learner(cfg)
     assert learner.model.config._attn_implementation == NAME == "sinkflex"
     assert learner.model.config.layer_types == ["sliding_attention", "full_attention"]
@@ -47,6 +47,13 @@ def test_gpt_oss_grpo_steps_on_sink_path(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3] and all(r["kind"] == "train" for r in records)
     assert {"loss", "kl", "clip_fraction", "staleness_mean", "adv_std"} <= set(records[0])
+    learner.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = EventAccumulator(str(tmp_path / "tb"))
+    tb.Reload()
+    assert [e.step for e in tb.Scalars("train/loss")] == [1, 2, 3]
+    assert tb.Scalars("train/kl")[-1].value == pytest.approx(m["kl"], rel=1e-5)
 
 
 def test_recomputed_old_logprobs_give_ratio_one_and_zero_kl(tmp_path):
