@@ -194,7 +194,7 @@ class AgentLoop:
                 t0 = time.perf_counter()
                 tokens.add_prompt(fmt.suffix(step.observation, ended_turn=not gen.truncated))
                 m["format_seconds"] += time.perf_counter() - t0
-        except (ServiceError, OSError, RuntimeError, ValueError) as err:
+        except Exception as err:  # noqa: BLE001 - env/engine/transport failure: keep what was sampled
             log.warning("episode %s of %s/%s failed: %s", traj.trajectory_id, spec.env, spec.task_id, err)
             reason = TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR
             traj.metrics["infrastructure_error"] = 1.0
@@ -229,10 +229,12 @@ class AgentLoop:
 
     # -- groups -------------------------------------------------------------------------------
     async def run_group(self, env: str, task_id: str, group_size: int, sampling: Sampling, max_turns: int,
-                        max_context_tokens: int, solo_mode: bool = False) -> common_pb2.TrajectoryGroup:
+                        max_context_tokens: int, solo_mode: bool = False, publish: bool = True) -> common_pb2.TrajectoryGroup:
         """G episodes of one task, concurrently; scored in one batch; one TrajectoryGroup.
 
-        Sample i uses seed `sampling.seed + i` (when seeded) so the G samples differ.
+        Sample i uses seed `sampling.seed + i` (when seeded) so the G samples differ. With
+        `publish` and a buffer, the group is `put` into the trajectory buffer (waits under
+        backpressure) before it is returned.
         """
         self.groups_in_flight += 1
         try:
@@ -247,7 +249,7 @@ class AgentLoop:
             ts = Timestamp()
             ts.GetCurrentTime()
             group.created_at.CopyFrom(ts)
-            if self.buffer is not None:
+            if publish and self.buffer is not None:
                 await asyncio.to_thread(self.buffer.put, group, self.buffer_timeout)
             self.groups_completed += 1
             return group
@@ -267,7 +269,7 @@ class AgentLoop:
                 t.metrics["reward_error"] = 1.0
 
     async def run_tasks(self, env: str, task_ids: Sequence[str], group_size: int, sampling: Sampling,
-                        max_turns: int, max_context_tokens: int, solo_mode: bool = False
+                        max_turns: int, max_context_tokens: int, solo_mode: bool = False, publish: bool = True
                         ) -> AsyncIterator[common_pb2.TrajectoryGroup]:
         """Yields one finished group per task (in completion order), up to
         `max_groups_in_flight` groups at once."""
@@ -275,7 +277,8 @@ class AgentLoop:
 
         async def one(task_id: str):
             async with sem:
-                return await self.run_group(env, task_id, group_size, sampling, max_turns, max_context_tokens, solo_mode)
+                return await self.run_group(env, task_id, group_size, sampling, max_turns, max_context_tokens, solo_mode,
+                                            publish)
 
         pending = [asyncio.ensure_future(one(t)) for t in task_ids]
         try:

@@ -126,13 +126,14 @@ class RolloutWorker:
         sampling = sampling_from_proto(request.sampling, a)
         max_turns = request.max_turns or a.max_turns
         max_ctx = request.max_context_tokens or a.max_context_tokens
-        self.loop.buffer = self.buffer if request.publish else None
+        if request.publish and self.loop.buffer is None:
+            self.loop.buffer = self.buffer  # built on first use
         out: queue.Queue = queue.Queue()
 
         async def produce():
             try:
                 async for group in self.loop.run_tasks(request.env, list(request.task_ids), request.group_size, sampling,
-                                                       max_turns, max_ctx, request.solo_mode):
+                                                       max_turns, max_ctx, request.solo_mode, request.publish):
                     out.put(group)
             except BaseException as err:  # noqa: BLE001 - handed to the consumer thread
                 out.put(err)
