@@ -4,6 +4,10 @@
 single-process runs); `GrpcEnvClient` speaks the EnvService contract to any env server
 (ours or an external one, see examples/). Both raise `sinkflex.errors.ServiceError`
 with the same status codes, so callers handle one exception type.
+
+A trajectory for the reward service is `ResetResponse.observation` followed, for each
+step, by the action sent and `StepResponse.observation` (system prompt excluded: it is
+`ResetResponse.system_prompt`); see `env_service.session` for the details.
 """
 
 from __future__ import annotations

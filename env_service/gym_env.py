@@ -187,7 +187,12 @@ class Tau2Env(gym.Env):
 
 
 class RemoteTau2Env(Tau2Env):
-    """`Tau2Env` over gRPC to the env server at `address` ("host:port")."""
+    """`Tau2Env` over gRPC to the env server at `address` ("host:port"); `close()` also
+    closes the channel."""
 
     def __init__(self, address: str, env: str = "retail", timeout: float = 300.0, **kwargs):
         super().__init__(env=env, client=GrpcEnvClient(address, timeout=timeout), **kwargs)
+
+    def close(self):
+        super().close()
+        self.client.shutdown()

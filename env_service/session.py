@@ -17,7 +17,11 @@ The wire trajectory of an episode is `ResetResponse.observation` + for each step
 [the action, `StepResponse.observation`]: exactly tau2's trajectory (with the initial
 message history and the orchestrator's greeting), system prompt excluded. An action
 sent with `stop=True` appears in tau2's trajectory as the assistant message
-`content + "###STOP###"`.
+`content + "###STOP###"`. Tool-call ids are kept exactly as the agent sent them (tau2
+pairs calls and answers by position; ids may repeat or be empty), and every tool answer
+carries its call's id, requestor and error flag, so `convert.to_tau2_messages` of the
+trajectory is what tau2's evaluator replays. An action with both content and tool
+calls is a tool call whose content is kept (tau2's default, validate_communication off).
 """
 
 from __future__ import annotations
