@@ -52,23 +52,22 @@ class GroupInfo:
 
 @dataclass(frozen=True)
 class TrainBatch:
-    """Right-padded tensors of one micro-batch."""
+    """Tensors of one micro-batch: right-padded rows, or packed rows (several rollouts per row)."""
 
     input_ids_BT: torch.Tensor  # [B, T] int64: token_ids[:-1], padded
     target_ids_BT: torch.Tensor  # [B, T] int64: token_ids[1:], padded
     old_logp_BT: torch.Tensor  # [B, T] float32
     mask_BT: torch.Tensor  # [B, T] bool
-    adv_B: torch.Tensor  # [B] float32
-    rollout_idx_B: tuple[int, ...]  # index of each row in the step's rollout list (-1: dummy)
+    adv_BT: torch.Tensor  # [B, T] float32: Â of the rollout at each position (eq. 4)
+    segments: tuple[tuple[int, int, int], ...]  # (rollout index, row, start) of each rollout
+    position_ids_BT: torch.Tensor | None = None  # [B, T] int64, packed rows only (restart per rollout)
+    doc_ids_BT: torch.Tensor | None = None  # [B, T] int64, packed rows only (-1: padding)
 
     def to(self, device: torch.device | str) -> "TrainBatch":
+        mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return TrainBatch(
-            self.input_ids_BT.to(device),
-            self.target_ids_BT.to(device),
-            self.old_logp_BT.to(device),
-            self.mask_BT.to(device),
-            self.adv_B.to(device),
-            self.rollout_idx_B,
+            mv(self.input_ids_BT), mv(self.target_ids_BT), mv(self.old_logp_BT), mv(self.mask_BT), mv(self.adv_BT),
+            self.segments, mv(self.position_ids_BT), mv(self.doc_ids_BT),
         )
 
 
@@ -136,34 +135,64 @@ def rollouts_from_group(
     return rollouts, GroupInfo(group.group_id, rewards_G, adv_G, zero_var)
 
 
-def pack(rollouts: list[Rollout], indices: list[int], pad_token_id: int = 0) -> TrainBatch:
-    """Right-pads the rollouts `indices` of `rollouts` into one micro-batch.
+def pack(rollouts: list[Rollout], indices: list[int], pad_token_id: int = 0, row_tokens: int | None = None) -> TrainBatch:
+    """The rollouts `indices` of `rollouts` as one micro-batch.
+
+    row_tokens None: one rollout per row, right-padded to the longest. row_tokens = L:
+    rollouts are packed first-fit-decreasing into rows of at most L positions (a longer
+    rollout gets a row of its own), with position ids restarting at 0 for each rollout and
+    document ids so that the attention keeps rollouts apart (`sinkflex.attention`'s
+    document mask).
 
     An empty `indices` gives a one-row dummy batch with an all-zero mask: a rank with no
     data for a micro-step still runs forward/backward so that the FSDP collectives of
     all ranks match (its gradient contribution is exactly 0).
-
-    Returns:
-        TrainBatch with T = the longest member's positions.
     """
     if not indices:
         ids = torch.full((1, 1), pad_token_id, dtype=torch.int64)
-        return TrainBatch(ids, ids.clone(), torch.zeros(1, 1), torch.zeros(1, 1, dtype=torch.bool), torch.zeros(1), (-1,))
-    rows = [rollouts[i] for i in indices]
-    T = max(r.num_positions for r in rows)
+        zero = torch.zeros(1, 1)
+        return TrainBatch(ids, ids.clone(), zero, torch.zeros(1, 1, dtype=torch.bool), zero.clone(), ())
+    rows: list[list[int]] = []
+    if row_tokens is None:
+        rows = [[i] for i in indices]
+    else:
+        fill: list[int] = []
+        for i in sorted(indices, key=lambda i: (-rollouts[i].num_positions, i)):
+            n = rollouts[i].num_positions
+            r = next((k for k, used in enumerate(fill) if used + n <= row_tokens), None)
+            if r is None:
+                rows.append([i])
+                fill.append(n)
+            else:
+                rows[r].append(i)
+                fill[r] += n
+    T = max(sum(rollouts[i].num_positions for i in row) for row in rows)
     B = len(rows)
     input_ids_BT = torch.full((B, T), pad_token_id, dtype=torch.int64)
     target_ids_BT = torch.full((B, T), pad_token_id, dtype=torch.int64)
     old_logp_BT = torch.zeros(B, T)
     mask_BT = torch.zeros(B, T, dtype=torch.bool)
-    for b, r in enumerate(rows):
-        n = r.num_positions
-        input_ids_BT[b, :n] = r.token_ids_T[:-1]
-        target_ids_BT[b, :n] = r.token_ids_T[1:]
-        old_logp_BT[b, :n] = r.old_logp_T
-        mask_BT[b, :n] = r.mask_T
-    adv_B = torch.tensor([r.advantage for r in rows], dtype=torch.float32)
-    return TrainBatch(input_ids_BT, target_ids_BT, old_logp_BT, mask_BT, adv_B, tuple(indices))
+    adv_BT = torch.zeros(B, T)
+    pos_BT = torch.zeros(B, T, dtype=torch.int64)
+    doc_BT = torch.full((B, T), -1, dtype=torch.int64)
+    segments = []
+    for b, row in enumerate(rows):
+        start = 0
+        for d, i in enumerate(row):
+            r, n = rollouts[i], rollouts[i].num_positions
+            sl = slice(start, start + n)
+            input_ids_BT[b, sl] = r.token_ids_T[:-1]
+            target_ids_BT[b, sl] = r.token_ids_T[1:]
+            old_logp_BT[b, sl] = r.old_logp_T
+            mask_BT[b, sl] = r.mask_T
+            adv_BT[b, sl] = r.advantage
+            pos_BT[b, sl] = torch.arange(n)
+            doc_BT[b, sl] = d
+            segments.append((i, b, start))
+            start += n
+    if row_tokens is None:
+        return TrainBatch(input_ids_BT, target_ids_BT, old_logp_BT, mask_BT, adv_BT, tuple(segments))
+    return TrainBatch(input_ids_BT, target_ids_BT, old_logp_BT, mask_BT, adv_BT, tuple(segments), pos_BT, doc_BT)
 
 
 def shard_for_rank(indices: list[int], rollouts: list[Rollout], rank: int, world: int) -> list[int]:

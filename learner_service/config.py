@@ -97,6 +97,10 @@ class BatchConfig(StrictModel):
     max_seq_len: int | None = Field(None, ge=2)
     """Longer trajectories are cut to this many tokens (cut tokens are not trained; counted)."""
     pad_token_id: int = Field(0, ge=0)
+    pack_tokens: int | None = Field(None, ge=2)
+    """None: one rollout per row, right-padded. L: pack rollouts into rows of at most L
+    positions (per-rollout position ids and a document mask; needs the sinkflex path);
+    micro_batch_size still counts rollouts."""
 
 
 class BufferConfig(StrictModel):

@@ -89,7 +89,8 @@ def grpo_loss(
     Args:
         logp_BT: [B, T] float, log π_θ of each token (differentiable).
         old_logp_BT: [B, T] float, log π_θold (the sampling policy), no gradient.
-        adv_B: [B] float, Â_i of each rollout (eq. (3), `advantage.group_advantages`).
+        adv_B: [B] float, Â_i of each rollout (eq. (3), `advantage.group_advantages`); or
+            [B, T] when a row holds several rollouts (packed), Â of each position's rollout.
         mask_BT: [B, T] 0/1 loss mask; only these tokens are optimised or counted.
         num_tokens: N = Σ_i T_i over the global batch of this optimiser step (> 0).
         clip_eps_low: ε_c: the ratio is clipped below at 1 − ε_c.
@@ -111,8 +112,8 @@ def grpo_loss(
             f"logp_BT {tuple(logp_BT.shape)}, old_logp_BT {tuple(old_logp_BT.shape)} and "
             f"mask_BT {tuple(mask_BT.shape)} must have the same shape [B, T]"
         )
-    if adv_B.shape != logp_BT.shape[:1]:
-        raise ValueError(f"adv_B must be [B] = [{logp_BT.shape[0]}], got {tuple(adv_B.shape)}")
+    if adv_B.shape != logp_BT.shape[:1] and adv_B.shape != logp_BT.shape:
+        raise ValueError(f"adv_B must be [B] = [{logp_BT.shape[0]}] or [B, T], got {tuple(adv_B.shape)}")
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
     if beta > 0 and ref_logp_BT is None:
@@ -127,7 +128,8 @@ def grpo_loss(
     log_ratio_BT = torch.where(m_BT, logp_BT - old_logp_BT.detach().float(), torch.zeros_like(logp_BT))
     log_ratio_BT = log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # ρ stays finite
     ratio_BT = torch.exp(log_ratio_BT)  # ρ, eq. (5)
-    adv_BT = adv_B.detach().float()[:, None].expand_as(ratio_BT)  # eq. (4)
+    adv = adv_B.detach().float()
+    adv_BT = adv[:, None].expand_as(ratio_BT) if adv.dim() == 1 else adv  # eq. (4)
     unclipped_BT = ratio_BT * adv_BT
     clipped_BT = torch.clamp(ratio_BT, 1.0 - clip_eps_low, 1.0 + eps_high) * adv_BT
     pg_BT = -torch.minimum(unclipped_BT, clipped_BT)  # eq. (6), per token

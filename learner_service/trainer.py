@@ -91,6 +91,8 @@ class Learner:
         self.device = device or default_device()
         model = build_model(cfg.model, self.device)
         self.arch_name = type(model).__name__
+        if cfg.batch.pack_tokens is not None and cfg.model.attn_implementation != "sinkflex":
+            raise ValueError("batch.pack_tokens needs model.attn_implementation 'sinkflex' (document mask)")
         self.model = shard_model(model)
         self.ref_model = None
         if cfg.grpo.beta > 0:
@@ -122,8 +124,19 @@ class Learner:
                 self.state.trained_group_ids.append(g)
 
     # ------------------------------------------------------------------ log-probs
-    def _logits(self, model: torch.nn.Module, input_ids_BT: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=input_ids_BT, use_cache=False).logits  # [B, T, V]
+    def _logits(self, model: torch.nn.Module, b) -> torch.Tensor:
+        """[B, T, V] logits of a TrainBatch; packed rows get per-rollout positions and a document mask."""
+        if b.doc_ids_BT is None:
+            return model(input_ids=b.input_ids_BT, use_cache=False).logits
+        if model.config.model_type != "gpt_oss":
+            # Llama-family models detect packed rows from position_ids themselves (use_cache off).
+            return model(input_ids=b.input_ids_BT, position_ids=b.position_ids_BT, use_cache=False).logits
+        from sinkflex.attention import generate_document
+        from sinkflex.attention.hf import layer_masks
+
+        # gpt-oss does not detect packing: hand it the document mask, one per layer type.
+        mask = layer_masks(model.config, generate_document(b.doc_ids_BT))
+        return model(input_ids=b.input_ids_BT, position_ids=b.position_ids_BT, attention_mask=mask, use_cache=False).logits
 
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, rollouts: list[Rollout]) -> list[torch.Tensor]:
@@ -134,11 +147,10 @@ class Learner:
         steps = max(num_micro_steps(len(s), size) for s in shares)
         mine: dict[int, torch.Tensor] = {}
         for mb in micro_batches(shares[self.rank], size, steps):
-            b = pack(rollouts, mb, self.cfg.batch.pad_token_id).to(self.device)
-            logp_BT = token_logprobs(self._logits(model, b.input_ids_BT), b.target_ids_BT, self.cfg.grpo.temperature)
-            for row, i in enumerate(b.rollout_idx_B):
-                if i >= 0:
-                    mine[i] = logp_BT[row, : rollouts[i].num_positions].float().cpu()
+            b = pack(rollouts, mb, self.cfg.batch.pad_token_id, self.cfg.batch.pack_tokens).to(self.device)
+            logp_BT = token_logprobs(self._logits(model, b), b.target_ids_BT, self.cfg.grpo.temperature)
+            for i, row, start in b.segments:
+                mine[i] = logp_BT[row, start : start + rollouts[i].num_positions].float().cpu()
         if self.world > 1:
             parts: list[dict[int, torch.Tensor] | None] = [None] * self.world
             dist.all_gather_object(parts, mine)
@@ -286,17 +298,16 @@ class Learner:
             return None
         steps = max(num_micro_steps(len(s), size) for s in shares)
         for micro in micro_batches(mine, size, steps):
-            b = pack(rollouts, micro, self.cfg.batch.pad_token_id).to(self.device)
-            logits_BTV = self._logits(self.model, b.input_ids_BT)
+            b = pack(rollouts, micro, self.cfg.batch.pad_token_id, self.cfg.batch.pack_tokens).to(self.device)
+            logits_BTV = self._logits(self.model, b)
             logp_BT = token_logprobs(logits_BTV, b.target_ids_BT, g.temperature)
             ref_BT = None
             if ref is not None:
                 ref_BT = torch.zeros_like(b.old_logp_BT)
-                for row, i in enumerate(b.rollout_idx_B):
-                    if i >= 0:
-                        ref_BT[row, : rollouts[i].num_positions] = ref[i].to(self.device)
+                for i, row, start in b.segments:
+                    ref_BT[row, start : start + rollouts[i].num_positions] = ref[i].to(self.device)
             loss, terms = grpo_loss(
-                logp_BT, b.old_logp_BT, b.adv_B, b.mask_BT, n_tokens, g.clip_eps_low, g.clip_eps_high, ref_BT, g.beta
+                logp_BT, b.old_logp_BT, b.adv_BT, b.mask_BT, n_tokens, g.clip_eps_low, g.clip_eps_high, ref_BT, g.beta
             )
             loss.backward()
             ent = token_entropy(logits_BTV.detach(), g.temperature)

@@ -146,3 +146,28 @@ def test_published_policy_loads_with_from_pretrained(tmp_path):
     learner.model.eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, learner.model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("arch", [TINY_GPT_OSS, TINY_LLAMA], ids=["gpt_oss", "llama"])
+def test_packed_rows_equal_padded_rows(tmp_path, arch):
+    # Rollouts of 8..20 tokens packed into rows of ≤ 24 positions (several per row, position
+    # ids restarting, document mask) train exactly like one padded rollout per row.
+    from learner_service.batch import pack, rollouts_from_group
+
+    groups = [make_group("a", [0.0, 1.0, 0.3, 0.7, 0.2], seed=4), make_group("b", [1.0, 0.0, 0.5], seed=5)]
+    rollouts = [r for g in groups for r in rollouts_from_group(g)[0]]
+    packed = pack(rollouts, list(range(len(rollouts))), row_tokens=24)
+    assert packed.input_ids_BT.shape[0] < len(rollouts) and packed.input_ids_BT.shape[1] <= 24
+    assert sorted(i for i, _, _ in packed.segments) == list(range(len(rollouts)))
+    out = []
+    for pack_tokens in (None, 24):
+        cfg = learner_config(tmp_path / str(pack_tokens), arch, optim=LINEAR_ADAM,
+                             batch=dict(micro_batch_size=8, pack_tokens=pack_tokens), grpo=dict(beta=0.1, old_logprobs="recompute"))
+        learner = Learner(cfg, metrics=False)
+        m = learner.train_step(groups)
+        out.append((_weights(learner), m))
+    (w0, m0), (w1, m1) = out
+    for name in ("loss", "kl", "entropy", "optimised_tokens"):
+        assert m1[name] == pytest.approx(m0[name], rel=1e-5, abs=1e-7), name
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], rtol=1e-5, atol=1e-6)
