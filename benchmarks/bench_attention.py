@@ -155,10 +155,16 @@ def _paired_sink_overhead(layer: str, n: int, repeats: int) -> dict:
     t_with, t_without = [], []
     for _ in range(repeats):
         for step, times in ((with_sink, t_with), (without, t_without)):
-            t0 = time.perf_counter()
+            c0 = _cpu_seconds()
             step()
-            times.append(time.perf_counter() - t0)
-    return {"paired_sink_s": min(t_with), "paired_nosink_s": min(t_without)}
+            times.append(_cpu_seconds() - c0)
+    return {"paired_sink_cpu_s": min(t_with), "paired_nosink_cpu_s": min(t_without)}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process, all threads (robust to other jobs on the machine)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_child(impl: str, layer: str, n: int, repeats: int) -> dict:
@@ -176,16 +182,24 @@ def run_child(impl: str, layer: str, n: int, repeats: int) -> dict:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     base = _status("VmRSS")
-    times = []
+    times, cpu = [], []
     try:
         for _ in range(repeats if n <= 2048 else 1):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_seconds()
             step()
             times.append(time.perf_counter() - t0)
+            cpu.append(_cpu_seconds() - c0)
     except (RuntimeError, MemoryError) as exc:
         return {"status": "oom", "error": str(exc).splitlines()[0][:200]}
     peak = _status("VmHWM") - base
-    return {"status": "ok", "time_s": min(times), "peak_bytes": peak, "repeats": len(times), **paired}
+    return {
+        "status": "ok",
+        "time_s": min(times),
+        "cpu_s": min(cpu),
+        "peak_bytes": peak,
+        "repeats": len(times),
+        **paired,
+    }
 
 
 # ---- parent: orchestration and the report ------------------------------------------------
@@ -195,7 +209,10 @@ def measure(impl: str, layer: str, n: int, repeats: int) -> dict:
     if impl == "eager" and eager_estimate_bytes(n) > EAGER_LIMIT_GIB * GIB:
         return {"status": "not_run", "est_bytes": eager_estimate_bytes(n)}
     cmd = [sys.executable, __file__, "--child", impl, layer, str(n), "--repeats", str(repeats)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parents[1])
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}  # no spin-waiting: CPU seconds = work done
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, check=False, env=env, cwd=Path(__file__).resolve().parents[1]
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
@@ -212,7 +229,7 @@ def _fmt_mem(r: dict) -> str:
 
 
 def _fmt_time(r: dict) -> str:
-    return f"{r['time_s']:.2f} s" if r["status"] == "ok" else "—"
+    return f"{r['cpu_s']:.2f} ({r['time_s']:.1f})" if r["status"] == "ok" else "—"
 
 
 def model_table() -> list[str]:
@@ -253,12 +270,18 @@ def report(results: dict, sizes: list[int], big: list[int], started: str, wall: 
             f"sliding = causal window W = {WINDOW} (gpt-oss), full = causal. Peak memory = rise of the child process's "
             "peak RSS over its RSS with the inputs allocated (eager's n×n additive mask, shared by all layers, is built "
             "before and not counted). `ours` = blockwise CPU path with sinks, `ours_nosink` = same without sinks, "
-            "`sdpa` = `torch.nn.functional.scaled_dot_product_attention` without sinks."
+            "`sdpa` = `torch.nn.functional.scaled_dot_product_attention` without sinks. "
+            "Time = CPU seconds (user + system, all threads) of forward + backward — robust to the other jobs "
+            "sharing the machine — with wall seconds in parentheses; speed ratios use CPU seconds."
         ),
         "",
     ]
     for layer in LAYERS:
-        lines += [f"## {layer} layer", "", "| tokens | " + " | ".join(f"{i} time | {i} peak" for i in IMPLS) + " |"]
+        lines += [
+            f"## {layer} layer",
+            "",
+            "| tokens | " + " | ".join(f"{i} CPU-s (wall s) | {i} peak" for i in IMPLS) + " |",
+        ]
         lines.append("|---:|" + "---:|" * (2 * len(IMPLS)))
         for n in sizes + big:
             cells = []
@@ -332,12 +355,12 @@ def _targets(results: dict, sizes: list[int], big: list[int]) -> list[str]:
         eager_t = results.get(("eager", layer, n8), {})
         if ours8.get("status") == "ok":
             if eager_t.get("status") == "ok":
-                speed, how = eager_t["time_s"] / ours8["time_s"], "measured"
+                speed, how = eager_t["cpu_s"] / ours8["cpu_s"], "measured"
             else:
                 e4 = results.get(("eager", layer, 4096), {})
                 if e4.get("status") != "ok":
                     continue
-                speed, how = 4 * e4["time_s"] / ours8["time_s"], "eager extrapolated as 4 × its 4096 time (not run)"
+                speed, how = 4 * e4["cpu_s"] / ours8["cpu_s"], "eager extrapolated as 4 × its 4096 time (not run)"
             out.append(
                 f"- speed eager / ours at 8192, {layer}: **{speed:.1f}×** ({how}); target ≥ 5: "
                 f"{'met' if speed >= 5 else 'NOT met'}"
@@ -358,8 +381,8 @@ def _targets(results: dict, sizes: list[int], big: list[int]) -> list[str]:
         overheads = []
         for n in all_n:
             r = results.get(("ours_nosink", layer, n), {})
-            if "paired_sink_s" in r:
-                overheads.append((n, r["paired_sink_s"] / r["paired_nosink_s"] - 1))
+            if "paired_sink_cpu_s" in r:
+                overheads.append((n, r["paired_sink_cpu_s"] / r["paired_nosink_cpu_s"] - 1))
         if overheads:
             worst = max(o for _, o in overheads)
             out.append(
@@ -370,8 +393,8 @@ def _targets(results: dict, sizes: list[int], big: list[int]) -> list[str]:
         separate = []
         for n in all_n:
             a, b = results.get(("ours", layer, n), {}), results.get(("ours_nosink", layer, n), {})
-            if a.get("status") == "ok" and b.get("status") == "ok" and "paired_sink_s" not in b:
-                separate.append((n, a["time_s"] / b["time_s"] - 1))
+            if a.get("status") == "ok" and b.get("status") == "ok" and "paired_sink_cpu_s" not in b:
+                separate.append((n, a["cpu_s"] / b["cpu_s"] - 1))
         if separate:
             out.append(
                 f"- sink overhead from separate processes (noisier on a shared machine), {layer}: "
@@ -391,7 +414,7 @@ def _targets(results: dict, sizes: list[int], big: list[int]) -> list[str]:
     if r64:
         ok = r64.get("status") == "ok" and r64["peak_bytes"] < 24 * GIB
         desc = (
-            f"{r64['peak_bytes'] / GIB:.2f} GiB peak, {r64['time_s']:.0f} s"
+            f"{r64['peak_bytes'] / GIB:.2f} GiB peak, {r64['cpu_s']:.0f} CPU-s"
             if r64.get("status") == "ok"
             else r64["status"]
         )
