@@ -127,4 +127,4 @@ def test_harmony_formatter_renders_prompt_and_tool_suffix():
     suffix = enc.decode(fmt.suffix([_msg(common_pb2.ROLE_TOOL, "delivered", tool_call_id="call_0_0")], ended_turn=True))
     assert suffix.startswith("<|start|>functions.get_order_details<|channel|>commentary to=assistant<|message|>delivered<|end|>")
     assert suffix.endswith("<|start|>assistant")
-    assert fmt.stop_token_ids == list(enc.stop_tokens_for_assistant_actions())
+    assert set(fmt.stop_token_ids) == set(enc.stop_tokens_for_assistant_actions())  # <|call|>, <|return|>
