@@ -231,10 +231,11 @@ class Learner:
                     if gn is not None:
                         grad_norms.append(gn)
         self._all_reduce_(sums)
-        self.state.step += 1
-        self.state.policy_version += 1
+        # `step` last: a reader polling it (the Status RPC thread) then sees the rest updated.
         self.record_trained([i.group_id for i in infos])
         self.state.groups_trained += len(infos)
+        self.state.policy_version += 1
+        self.state.step += 1
 
         tok = max(sums[4].item(), 1.0)
         rewards = torch.cat([i.rewards_G for i in infos])
