@@ -75,7 +75,10 @@ def test_learner_service_rpcs(tmp_path, rollout_endpoint):
                 ck = stub.Checkpoint(learner_pb2.CheckpointRequest(), timeout=60)
                 assert ck.policy_version == 2 and ck.step == 2 and (Path(ck.path) / "state.json").is_file()
 
-                pv = stub.PolicyVersion(learner_pb2.PolicyVersionRequest())
+                # Version 2 is published right after its checkpoint: poll for it.
+                while (pv := stub.PolicyVersion(learner_pb2.PolicyVersionRequest())).policy_version < 2:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
                 assert pv.policy_version == 2 and (Path(pv.location) / "model.safetensors").is_file()
         finally:
             runner.request_stop()
