@@ -170,7 +170,9 @@ def test_served_learner_stops_gracefully_on_sigterm(tmp_path, buffer):
             while stub.Status(learner_pb2.StatusRequest()).step < 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
-            assert stub.PolicyVersion(learner_pb2.PolicyVersionRequest()).policy_version == 1
+            while stub.PolicyVersion(learner_pb2.PolicyVersionRequest()).policy_version < 1:  # published after the checkpoint
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=60)
         assert p.returncode == 0, err[-3000:]
