@@ -24,6 +24,9 @@ def train(
     loopback ports and stops them at the end or on Ctrl-C; a re-run resumes from the last
     checkpoint. Writes metrics (JSON lines, TensorBoard), plots and a summary to the run folder.
     """
+    import dataclasses
+    import json
+
     from rich.console import Console
 
     from sinkflex.buffer import TrajectoryBuffer
@@ -66,6 +69,14 @@ def train(
             controller.close()
     # services are stopped: the learner has checkpointed and acknowledged what it trained
     records = read_metrics(run_dir)
+    train_records = [r for r in records if r["kind"] == "train"]
+    summary = {
+        "policy_version": max((r["step"] for r in train_records), default=0),
+        "groups_published": controller.groups_published,
+        "interrupted": interrupted,
+        "train_steps": len(train_records),
+        "last_loss": train_records[-1].get("loss") if train_records else None,
+    }
     plots = plot_learning_curves(records, run_dir / "plots")
     console.print(summary_table(records, title=f"SinkFlex-RL — {cfg.run.name}"))
     if not cfg.services.external():
@@ -76,6 +87,8 @@ def train(
         url = cfg.services.redis_url or os.environ.get("REDIS_URL") or embedded_redis_url(path=str(run_dir / "redis" / "buffer.db"))
         stats = TrajectoryBuffer(url=url).stats()
         console.print(f"buffer: {stats}")
+        summary["buffer"] = dataclasses.asdict(stats)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"run folder: {run_dir}  plots: {', '.join(p.name for p in plots)}")
     if interrupted:
         raise typer.Exit(130)

@@ -77,7 +77,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     paths = {name: _write(run_dir, name, c) for name, c in configs.items()}
     common_env = {"REDIS_URL": redis_url}
     for name, module, section, extra in [
-        ("env", "env_service", "env_service", []),
+        ("env", "env_service", "env_service", ["--metrics-port", "-1"]),
         ("reward", "reward_service", "reward_service", ["--no-metrics"]),
         ("rollout", "rollout_service", "rollout_service", []),
     ]:

@@ -1,0 +1,118 @@
+"""The main job end to end: `sinkflex-rl train` through all four services over real gRPC,
+a real (embedded) Redis, vLLM CPU and the real SmolLM2, on real tau2-Bench tasks (the mock
+domain in solo mode keeps CI within budget: no user-simulator engine).
+
+One scenario, two launches: train towards 3 policy versions, Ctrl-C (SIGINT) after the
+first version lands — every launched service must be gone and nothing acknowledged lost —
+then re-run the same command: it resumes from the learner's checkpoint and finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
+
+
+def _config(run_dir: Path, policy: Path) -> dict:
+    return {
+        "run": {"name": "e2e", "output_dir": str(run_dir), "steps": 3, "seed": 0, "step_timeout_s": 900},
+        "task": {"env": "mock", "train_split": "base", "eval_split": "base", "tasks_per_step": 1,
+                 "task_ids": ["create_task_1", "update_task_1"], "solo_mode": True},
+        "rollout": {"group_size": 2, "temperature": 1.0, "max_new_tokens": 24, "max_turns": 2, "max_context_tokens": 4096},
+        "validation": {"every_steps": 3, "num_tasks": 2, "trials": 2},
+        "models": {"policy": str(policy), "user_simulator": None},
+        "local": {"ready_timeout_s": 600, "learner_stop_grace_s": 300},
+        "env_service": {"domains": ["mock"]},
+        "rollout_service": {"engine": {"kv_cache_gib": 0.5, "max_model_len": 4096}},
+        "learner": {"optim": {"lr": 1.0e-4}, "batch": {"micro_batch_size": 2}, "model": {"gradient_checkpointing": False}},
+    }
+
+
+def _train(config: Path, **popen) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("REDIS_URL", None)
+    return subprocess.Popen([sys.executable, "-m", "sinkflex.cli", "train", "-c", str(config)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def _records(run_dir: Path, kind: str) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == kind]
+
+
+def test_train_interrupt_and_resume(tmp_path, smollm2_dir):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "e2e.yaml"
+    config.write_text(yaml.safe_dump(_config(run_dir, smollm2_dir)))
+
+    # 1) first launch: wait for policy version 1, then Ctrl-C
+    proc = _train(config)
+    deadline = time.monotonic() + 1500
+    while not _records(run_dir, "train"):
+        assert proc.poll() is None, f"train exited early ({proc.returncode}):\n{proc.stdout.read()}"
+        assert time.monotonic() < deadline, "no training step within the time limit"
+        time.sleep(1)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 4  # env, reward, rollout (+ engine), learner (torchrun + rank)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 130, out
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"services still running after Ctrl-C: {[p.pid for p in alive]}"
+    first = json.loads((run_dir / "summary.json").read_text())
+    assert first["interrupted"] is True and first["policy_version"] >= 1
+    # nothing acknowledged is lost: every acknowledged group is recorded as trained
+    assert first["buffer"]["trained"] >= 1
+
+    # 2) the same command again: resumes from the learner's checkpoint and finishes
+    proc = _train(config)
+    out, _ = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, out
+    assert "resuming at policy version" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["policy_version"] == 3 and not summary["interrupted"]
+    buf = summary["buffer"]
+    # every group written to Redis was acknowledged, once: nothing pending or undelivered,
+    # and the trained set holds exactly the groups the stream received
+    assert buf["unconsumed"] == 0 and buf["pending"] == 0 and buf["undelivered"] == 0
+    assert buf["trained"] == buf["stream_length"] >= 3
+    assert buf["dead_letters"] == 0
+
+    train = _records(run_dir, "train")
+    assert sorted(r["step"] for r in train) == [1, 2, 3]  # one record per policy version, none twice
+    for r in train:
+        assert math.isfinite(r["loss"])
+    trajectories = _records(run_dir, "trajectory")
+    assert len(trajectories) >= 3 * 2 and all(0.0 <= t["reward"] <= 1.0 for t in trajectories)
+    val = _records(run_dir, "val")
+    assert {v["step"] for v in val} == {0, 3}
+    assert all(0.0 <= v["mean_at_1"] <= 1.0 and "pass_hat_2" in v for v in val)
+    for png in ("training_score.png", "trajectory_reward.png", "validation.png"):
+        assert (run_dir / "plots" / png).stat().st_size > 5000
+
+    # the last policy version loads with from_pretrained (and vLLM served it: UpdateWeights)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    latest = max((run_dir / "learner" / "policy").iterdir(), key=lambda p: int(p.name.lstrip("v")))
+    assert latest.name == "v3"
+    model = AutoModelForCausalLM.from_pretrained(latest)
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3, 4]])).logits
+    assert logits.shape[-1] == model.config.vocab_size and torch.isfinite(logits).all()
