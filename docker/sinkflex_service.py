@@ -82,6 +82,10 @@ def merge(base: dict, patch: dict) -> dict:
 def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | None]:
     """(command prefix, written config path or None) for `service`.
 
+    For the learner, also sets `environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]` (unless set) to
+    the experiment's `local.learner_stop_grace_s`: on SIGTERM torchrun gives the learner that
+    long to finish its step and checkpoint before SIGKILL (torchrun's default is 30 s).
+
     Raises:
         sinkflex.config.ConfigError: the experiment or a derived service config is invalid.
         ValueError: unknown service.
@@ -126,6 +130,8 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
             policy = resolve_policy(policy)
         out = service_configs(cfg, policy, addresses, redis_url, environ.get("SINKFLEX_USER_BASE_URL"),
                               user_model=environ.get("SINKFLEX_USER_MODEL", "openai/user-sim"))[SECTIONS[service]]
+        if service == "learner":
+            environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(int(cfg.local.learner_stop_grace_s)))
     path = Path(environ.get("SINKFLEX_CONFIG_DIR", "/tmp/sinkflex")) / f"{service}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(out.model_dump(mode="json"), sort_keys=False))
@@ -142,8 +148,9 @@ def main(argv: list[str]) -> int:
         rest = rest[1:]
     from sinkflex.config import ConfigError
 
+    environ = dict(os.environ)
     try:
-        command, path = derive(service, dict(os.environ))
+        command, path = derive(service, environ)
     except (ConfigError, ValueError) as err:
         print(f"sinkflex-service: {err}", file=sys.stderr)
         return 2
@@ -152,7 +159,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"argv": argv_out, "config": str(path) if path else None}))
         return 0
     sys.stdout.flush()
-    os.execvp(argv_out[0], argv_out)
+    os.execvpe(argv_out[0], argv_out, environ)
     return 127  # not reached
 
 

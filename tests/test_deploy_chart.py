@@ -596,3 +596,14 @@ def test_every_sinkflex_container_derives_its_config_from_the_experiment():
     for comp in ("rollout", "learner", "train"):
         mounts = {m["mountPath"]: m for m in containers(workload_of(manifests, comp))[0]["volumeMounts"]}
         assert mounts["/data"]["name"] == "shared" and mounts["/models"]["name"] == "shared"
+
+
+def test_learner_has_time_to_checkpoint_on_sigterm(chart_multigpu):
+    """torchrun waits local.learner_stop_grace_s (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, set by
+    sinkflex-service from the experiment) before SIGKILL; the pod must wait longer."""
+    from sinkflex.train.config import LocalConfig
+
+    grace = LocalConfig().learner_stop_grace_s
+    for name in (full("learner"), full("learner-worker")):
+        sts = by_kind(chart_multigpu, "StatefulSet")[name]
+        assert pod_spec(sts)["terminationGracePeriodSeconds"] > grace

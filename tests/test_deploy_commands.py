@@ -119,6 +119,8 @@ def test_service_configs_are_the_launchers_with_the_deployment_addresses(script,
 
     argv, path = script.derive("learner", environ)
     assert argv == ["sinkflex-learner", "--config", str(path)]
+    # torchrun waits the experiment's learner_stop_grace_s for the checkpoint on SIGTERM
+    assert environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "600"
     learner = load_config(path, LearnerConfig)
     assert learner.rollout_address == "sf-rollout:50053"
     assert learner.buffer.url == "redis://:pw@sf-redis:6379/0"

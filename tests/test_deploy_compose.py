@@ -271,3 +271,12 @@ def test_training_config_paths_exist(compose):
     missing = sorted({(p, where.split(" ")[0]) for p, where in referenced if not (ROOT / p).is_file()})
     assert not missing, "configs referenced by the deployment do not exist yet: " + ", ".join(
         f"{p} (from {w})" for p, w in missing)
+
+
+def test_learner_has_time_to_checkpoint_on_stop(compose):
+    from sinkflex.train.config import LocalConfig
+
+    grace = LocalConfig().learner_stop_grace_s
+    for name in ("learner", "learner-cpu"):
+        period = compose["services"][name]["stop_grace_period"]
+        assert period.endswith("s") and int(period[:-1]) > grace, name
