@@ -61,14 +61,9 @@ USAGE = f"usage: sinkflex-service {{{','.join(COMMANDS)}}} [--dry-run] [SERVICE 
 
 def resolve_policy(name_or_path: str) -> str:  # also the user-simulator model
     """A model folder as is; a `sinkflex-rl models prepare` name prepared (cached); else a hub id."""
-    if Path(name_or_path).is_dir():
-        return str(Path(name_or_path).resolve())
-    from sinkflex.models import prepare_model
+    from sinkflex.models import resolve_model
 
-    try:
-        return str(prepare_model(name_or_path))
-    except ValueError:  # not a name sinkflex prepares: a Hugging Face id for vLLM / transformers
-        return name_or_path
+    return resolve_model(name_or_path, allow_hub_id=True)
 
 
 def merge(base: dict, patch: dict) -> dict:

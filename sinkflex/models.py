@@ -132,3 +132,20 @@ def prepare_model(name: str = "smollm2", out: str | Path | None = None, force: b
                 shutil.rmtree(tmp, ignore_errors=True)
     log.info("prepared %s in %s", name, out)
     return out
+
+
+def resolve_model(name_or_path: str, allow_hub_id: bool = False) -> str:
+    """A model folder for `name_or_path`: an existing folder as is (absolute), else a name
+    this module prepares (`prepare_model`, cached), else — with `allow_hub_id` — the string
+    unchanged, for vLLM / transformers to resolve as a Hugging Face id (GPU images).
+
+    Raises:
+        ValueError: not a folder nor a known name, and hub ids not allowed.
+    """
+    if Path(name_or_path).expanduser().is_dir():
+        return str(Path(name_or_path).expanduser().resolve())
+    if name_or_path in KNOWN_MODELS:
+        return str(prepare_model(name_or_path))
+    if allow_hub_id:
+        return name_or_path
+    raise ValueError(f"model {name_or_path!r} is neither a folder nor a known name ({', '.join(KNOWN_MODELS)})")

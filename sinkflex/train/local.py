@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from sinkflex.launcher import LocalLauncher, ManagedProcess, free_port, python_module
+from sinkflex.models import resolve_model
 from sinkflex.train.config import TrainConfig, service_configs
 from sinkflex.train.controller import Addresses
 
@@ -29,15 +30,6 @@ HEALTH = {
     "rollout": "grpc:sinkflex.api.rollout.v1.RolloutService",
     "learner": "grpc:sinkflex.api.learner.v1.LearnerService",
 }
-
-
-def resolve_model(name_or_path: str) -> str:
-    """A model folder: an existing path, or a `sinkflex-rl models prepare` name (prepared on first use)."""
-    if Path(name_or_path).is_dir():
-        return str(Path(name_or_path).resolve())
-    from sinkflex.models import prepare_model
-
-    return str(prepare_model(name_or_path))
 
 
 def _write(run_dir: Path, name: str, config) -> Path:
