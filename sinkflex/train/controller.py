@@ -22,7 +22,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-import grpc
 from tqdm.auto import tqdm
 
 from sinkflex.api.common.v1 import common_pb2
