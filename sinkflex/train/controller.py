@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import grpc
 from tqdm.auto import tqdm
 
 from sinkflex.api.common.v1 import common_pb2
@@ -121,9 +122,20 @@ class Controller:
 
     def wait_for_version(self, version: int) -> learner_pb2.StatusResponse:
         deadline = time.monotonic() + self.cfg.run.step_timeout_s
+        status = None
         while True:
             self.alive_check()
-            status = self.learner_status()
+            try:
+                status = self.learner_status()
+            except grpc.RpcError as err:
+                # a learner busy in a step may answer late; a dead one is caught by alive_check
+                if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    raise
+                log.warning("learner Status: %s; still waiting for policy version %d", err.code().name, version)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"learner did not answer or reach policy version {version} within "
+                                       f"{self.cfg.run.step_timeout_s:.0f}s") from None
+                continue
             if status.policy_version >= version:
                 return status
             if time.monotonic() > deadline:
