@@ -79,7 +79,18 @@ def replay(
         if user_base_url:
             kw["user_base_url"] = user_base_url
         client = LocalEnvClient(EnvServiceConfig(**kw))
-    result = replay_golden(client, env, task, solo_mode=solo)
+    from sinkflex.errors import ServiceError
+
+    try:
+        result = replay_golden(client, env, task, solo_mode=solo)
+    except (ServiceError, KeyError, ValueError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        hint = ""
+        if isinstance(err, ServiceError) and "user simulator" in err.message:
+            hint = ("\nthis task needs a user simulator: an OpenAI-compatible endpoint (--user-base-url, "
+                    "default http://127.0.0.1:8000/v1), or a solo task, e.g. --env mock --task create_task_1 --solo")
+        typer.secho(f"error: {msg}{hint}", fg="red", err=True)
+        raise typer.Exit(2) from None
     if show:
         from google.protobuf import text_format
 

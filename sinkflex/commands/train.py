@@ -26,6 +26,7 @@ def train(
     """
     import dataclasses
     import json
+    import signal
 
     from rich.console import Console
 
@@ -52,6 +53,11 @@ def train(
     run_dir = cfg.run.dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     interrupted = False
+
+    def _terminate(signum, _frame):  # SIGTERM (kill, docker stop, a timeout) stops like Ctrl-C
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _terminate)
     with LocalLauncher(run_dir) as launcher:
         try:
             addresses = connect(cfg) if cfg.services.external() else launch_local(cfg, launcher)

@@ -181,7 +181,15 @@ class Controller:
                 tasks = self.step_tasks(step, pool)
                 groups = self.run_rollouts(tasks, cfg.rollout.group_size, cfg.rollout.temperature, publish=True, desc=f"rollouts v{step}")
                 self.groups_published += len(groups)
-                rewards = [t.reward for g in groups for t in g.trajectories]
+                trajs = [t for g in groups for t in g.trajectories]
+                failed = [t for t in trajs if t.termination_reason == common_pb2.TERMINATION_REASON_INFRASTRUCTURE_ERROR]
+                if failed:
+                    log.warning("%d of %d rollouts failed for infrastructure reasons (engine, env or reward service)",
+                                len(failed), len(trajs))
+                if len(failed) == len(trajs):
+                    raise RuntimeError(f"every rollout of step {step + 1} failed for infrastructure reasons "
+                                       f"(see {self.cfg.run.dir() / 'logs'}/rollout.log); stopping")
+                rewards = [t.reward for t in trajs]
                 for g in groups:
                     for t in g.trajectories:
                         self.metrics.write("trajectory", step + 1, {"reward": t.reward, "tokens": len(t.token_ids),
@@ -191,6 +199,7 @@ class Controller:
                 m, _, _ = mean_ci(rewards)
                 std = (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5
                 record = {"reward_mean": m, "reward_std": std, "groups": len(groups), "rollout_s": t_roll,
+                          "infrastructure_errors": len(failed),
                           "step_s": time.time() - t0, "groups_trained": status.groups_trained}
                 record.update({k: v for k, v in status.metrics.items() if k not in record})
                 self.metrics.write("train", step + 1, record)
