@@ -43,6 +43,10 @@ class EnvServiceConfig(StrictModel):
     """More `litellm.completion` arguments for the user LLM (e.g. top_p, extra_headers,
     timeout, num_retries; litellm's own `mock_response` gives a scripted user)."""
 
+    user_timeout_s: float = Field(300.0, gt=0)
+    """Timeout of one user-LLM call in seconds (litellm `timeout`): a hung endpoint fails the
+    episode with USER_ERROR instead of holding a server thread (and shutdown) forever."""
+
     max_sessions: int = Field(1024, ge=1)
     """Open sessions at most; a Reset beyond it fails with RESOURCE_EXHAUSTED."""
 
@@ -66,7 +70,7 @@ class EnvServiceConfig(StrictModel):
 
     def user_llm_args(self) -> dict:
         """Keyword arguments tau2's UserSimulator passes to `litellm.completion`."""
-        args: dict = {"temperature": self.user_temperature, "api_key": self.user_api_key}
+        args: dict = {"temperature": self.user_temperature, "api_key": self.user_api_key, "timeout": self.user_timeout_s}
         if self.user_base_url:
             args["api_base"] = self.user_base_url
         if self.user_max_tokens is not None:
