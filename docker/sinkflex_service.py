@@ -66,14 +66,6 @@ def resolve_policy(name_or_path: str) -> str:  # also the user-simulator model
     return resolve_model(name_or_path, allow_hub_id=True)
 
 
-def merge(base: dict, patch: dict) -> dict:
-    """`patch` merged into `base` recursively (dicts merge, anything else replaces)."""
-    out = dict(base)
-    for key, value in patch.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | None]:
     """(command prefix, written config path or None) for `service`.
 
@@ -87,7 +79,7 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
     """
     import yaml
 
-    from sinkflex.config import validate_config
+    from sinkflex.config import merge_dicts, validate_config
     from sinkflex.train.config import TrainConfig, load_train_config, service_configs
 
     if service not in COMMANDS:
@@ -103,7 +95,7 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
             raise ValueError(f"SINKFLEX_CONFIG_OVERRIDES is not JSON: {err}") from None
         if not isinstance(patch, dict):
             raise ValueError("SINKFLEX_CONFIG_OVERRIDES must be a JSON object")
-        data = merge(data, patch)
+        data = merge_dicts(data, patch)
         cfg = validate_config(data, TrainConfig, source=f"{source} + SINKFLEX_CONFIG_OVERRIDES")
     if environ.get("SINKFLEX_RUN_DIR"):
         data["run"]["output_dir"] = environ["SINKFLEX_RUN_DIR"]

@@ -26,6 +26,14 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
+def merge_dicts(base: dict, patch: dict) -> dict:
+    """`patch` merged into `base` recursively: nested dicts merge, anything else replaces."""
+    out = dict(base)
+    for key, value in patch.items():
+        out[key] = merge_dicts(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def validate_config(data: Any, model: type[T], source: str = "<config>") -> T:
     """Validates `data` against `model`.
 
@@ -49,10 +57,16 @@ def load_config(path: str | Path, model: type[T]) -> T:
         ConfigError: missing file, invalid YAML, or a bad field (named by its dotted path).
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a directory, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config {path} is not UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config {path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a YAML mapping of sections, got {type(data).__name__}")
     return validate_config(data, model, source=str(path))

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from pydantic import Field, model_validator
 
-from sinkflex.config import ConfigError, StrictModel, load_config, validate_config
+from sinkflex.config import ConfigError, StrictModel, load_config, merge_dicts, validate_config
 
 
 class RunConfig(StrictModel):
@@ -148,13 +148,6 @@ class TrainConfig(StrictModel):
         return self
 
 
-def _merge(base: dict, override: dict) -> dict:
-    out = dict(base)
-    for k, v in override.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str], redis_url: str, user_base_url: str | None,
                     user_model: str = "openai/user-sim") -> dict[str, Any]:
     """The validated config object of each locally launched service.
@@ -171,10 +164,10 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
     from rollout_service.config import RolloutConfig
 
     run_dir = cfg.run.dir()
-    env = _merge({"domains": [cfg.task.env]}, cfg.env_service)
+    env = merge_dicts({"domains": [cfg.task.env]}, cfg.env_service)
     if user_base_url:
-        env = _merge({"user_model": user_model, "user_base_url": user_base_url}, env)
-    rollout = _merge(
+        env = merge_dicts({"user_model": user_model, "user_base_url": user_base_url}, env)
+    rollout = merge_dicts(
         {
             "engine": {"model": policy_dir, "seed": cfg.run.seed},
             "agent": {
@@ -190,7 +183,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
         },
         cfg.rollout_service,
     )
-    learner = _merge(
+    learner = merge_dicts(
         {
             "run_dir": str(run_dir / "learner"),
             "model": {"path": policy_dir},

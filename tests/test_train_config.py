@@ -1,0 +1,72 @@
+"""The experiment config of `sinkflex-rl train`: shipped configs load, bad fields are named."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sinkflex.config import ConfigError, merge_dicts
+from sinkflex.train.config import load_train_config, service_configs
+
+ROOT = Path(__file__).resolve().parent.parent
+ADDRS = {"env": "127.0.0.1:1", "reward": "127.0.0.1:2", "rollout": "127.0.0.1:3", "learner": "127.0.0.1:4"}
+
+
+@pytest.mark.parametrize("name", ["demo", "retail", "gpt-oss-20b"])
+def test_shipped_configs_derive_every_service_config(name):
+    cfg = load_train_config(ROOT / "configs" / f"{name}.yaml")
+    out = service_configs(cfg, "/models/policy", ADDRS, "redis://127.0.0.1:6379/0", "http://127.0.0.1:8000/v1")
+    learner, rollout = out["learner"], out["rollout_service"]
+    # what the job derives: the learner's log-probs use the engine's temperature, one group per task
+    assert learner.grpo.temperature == cfg.rollout.temperature
+    assert learner.batch.groups_per_step == cfg.task.tasks_per_step
+    assert learner.model.path == rollout.engine.model == "/models/policy"
+    assert learner.rollout_address == ADDRS["rollout"] and rollout.env_address == ADDRS["env"]
+    assert out["env_service"].user_base_url == "http://127.0.0.1:8000/v1"
+
+
+def _write(tmp_path, data):
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(merge_dicts(yaml.safe_load((ROOT / "configs/demo.yaml").read_text()), data)))
+    return path
+
+
+@pytest.mark.parametrize(
+    "patch, message",
+    [
+        ({"rollout": {"group_size": 0}}, "rollout.group_size"),
+        ({"run": {"stepz": 3}}, "run.stepz: Extra inputs are not permitted"),
+        ({"learner": {"grpo": {"temperature": 0.7}}}, "learner.grpo.temperature (0.7) must equal rollout.temperature"),
+        ({"learner": {"batch": {"groups_per_step": 9}}}, "must equal task.tasks_per_step"),
+        ({"services": {"env_address": "h:1"}}, "missing: reward_address, rollout_address, learner_address"),
+    ],
+)
+def test_bad_fields_are_named(tmp_path, patch, message):
+    with pytest.raises(ConfigError) as err:
+        load_train_config(_write(tmp_path, patch))
+    assert message in str(err.value)
+
+
+def test_bad_service_section_is_named(tmp_path):
+    cfg = load_train_config(_write(tmp_path, {"learner": {"grpo": {"beta": -1}}}))
+    with pytest.raises(ConfigError, match=r"learner[\s\S]*grpo\.beta"):
+        service_configs(cfg, "/m", ADDRS, "redis://x", None)
+
+
+def test_missing_and_non_yaml_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_train_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_train_config(bad)
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_train_config(tmp_path)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_train_config(binary)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_train_config(listing)
