@@ -53,8 +53,9 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY sinkflex ./sinkflex
+COPY driver ./driver
 # every service package: sinkflex-service derives this service's config from the
-# experiment file with sinkflex.train.config, which reads each service's config model
+# experiment file with driver.config, which reads each service's config model
 COPY env_service ./env_service
 COPY reward_service ./reward_service
 COPY rollout_service ./rollout_service

@@ -2,8 +2,8 @@
 """`sinkflex-service SERVICE [SERVICE FLAGS...]`: start one SinkFlex service in a container
 with the configuration the embedded default would give it.
 
-The embedded default (`sinkflex-rl train -c CONFIG`, sinkflex/train/local.py) derives each
-service's config from one experiment file with `sinkflex.train.config.service_configs`,
+The embedded default (`sinkflex-rl train -c CONFIG`, driver/local.py) derives each
+service's config from one experiment file with `driver.config.service_configs`,
 writes it to a YAML file and starts `python -m <service> --config FILE`. In a container
 (docker compose, Kubernetes) this script does the same for one service, taking from the
 environment what the launcher would have chosen itself — the other services' addresses —
@@ -80,7 +80,7 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
     import yaml
 
     from sinkflex.config import merge_dicts, validate_config
-    from sinkflex.train.config import TrainConfig, load_train_config, service_configs
+    from driver.config import TrainConfig, load_train_config, service_configs
 
     if service not in COMMANDS:
         raise ValueError(f"unknown service {service!r}; {USAGE}")

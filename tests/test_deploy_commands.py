@@ -95,7 +95,7 @@ def test_service_configs_are_the_launchers_with_the_deployment_addresses(script,
     from reward_service.config import RewardServiceConfig
     from rollout_service.config import RolloutConfig
     from sinkflex.config import load_config
-    from sinkflex.train.config import TrainConfig
+    from driver.config import TrainConfig
 
     environ = deploy_environ(experiment, tmp_path)
     policy = environ["SINKFLEX_POLICY"]
@@ -297,7 +297,7 @@ def test_the_reward_image_entry_point_serves_grpc_health_and_metrics(tmp_path):
     import socket
     import urllib.request
 
-    from sinkflex.launcher import free_port
+    from driver.launcher import free_port
 
     port, metrics_port = free_port(), free_port()
     image_config = re.search(r"SINKFLEX_CONFIG=(\S+)", (DOCKER / "reward.Dockerfile").read_text()).group(1)

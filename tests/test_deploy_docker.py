@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 from tests.fixtures.deploy import DOCKER, PORTS, ROOT, dockerfile_instructions, exec_form
 
 SERVICES = ("env", "reward", "rollout", "learner")
-FIRST_PARTY = {"sinkflex", "env_service", "reward_service", "rollout_service", "learner_service"}
+FIRST_PARTY = {"sinkflex", "driver", "env_service", "reward_service", "rollout_service", "learner_service"}
 LIGHT = ("env", "reward")  # slim CPU images: no torch, no vLLM
 
 
@@ -235,10 +235,10 @@ def test_image_installs_and_copies_everything_its_service_imports(service):
     if _module_file(entry) is None:
         pytest.fail(f"{service}_service/__main__.py does not exist yet: `python -m {service}_service` cannot run")
     if service in LIGHT:
-        # sinkflex-service imports sinkflex.train.config for every service; its policy
+        # sinkflex-service imports driver.config for every service; its policy
         # resolution (sinkflex.models: transformers, torch) runs only for the engine services,
         # which test_light_images_start_without_torch checks by running it.
-        first, third = import_closure(entry, "sinkflex.train.config")
+        first, third = import_closure(entry, "driver.config")
     else:
         first, third = import_closure(entry, files=(DOCKER / "sinkflex_service.py",))
     copied = {Path(s).parts[0] for s in copied_sources(service)}

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import env_service
-from sinkflex.cli import app
+from driver.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOKSHOP = ROOT / "examples" / "bookshop" / "server.py"

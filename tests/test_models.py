@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
-from sinkflex.cli import app
+from driver.cli import app
 from sinkflex.models import PREPARED_MARKER, is_prepared, prepare_model, smollm2_gguf_path
 
 

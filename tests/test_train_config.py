@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from sinkflex.config import ConfigError, merge_dicts
-from sinkflex.train.config import load_train_config, service_configs
+from driver.config import load_train_config, service_configs
 
 ROOT = Path(__file__).resolve().parent.parent
 ADDRS = {"env": "127.0.0.1:1", "reward": "127.0.0.1:2", "rollout": "127.0.0.1:3", "learner": "127.0.0.1:4"}

@@ -45,7 +45,7 @@ def _config(run_dir: Path, policy: Path) -> dict:
 def _train(config: Path, **popen) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)
-    return subprocess.Popen([sys.executable, "-m", "sinkflex.cli", "train", "-c", str(config)], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "driver.cli", "train", "-c", str(config)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from sinkflex.launcher import LocalLauncher, ManagedProcess, free_port, python_module
+from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
 from sinkflex.models import resolve_model
-from sinkflex.train.config import TrainConfig, service_configs
-from sinkflex.train.controller import Addresses
+from driver.config import TrainConfig, service_configs
+from driver.controller import Addresses
 
 log = logging.getLogger(__name__)
 

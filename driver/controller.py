@@ -31,7 +31,7 @@ from sinkflex.api.learner.v1 import learner_pb2, learner_pb2_grpc
 from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from sinkflex.reporting import MetricsWriter, mean_ci, pass_hat_k
 from sinkflex.serving import make_channel
-from sinkflex.train.config import TrainConfig
+from driver.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

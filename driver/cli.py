@@ -1,6 +1,6 @@
 """The `sinkflex-rl` command line.
 
-Each command group lives in its own module under `sinkflex/commands/` and imports its
+Each command group lives in its own module under `driver/commands/` and imports its
 heavy dependencies (torch, vLLM, tau2) inside the command, so `sinkflex-rl --help` is fast.
 """
 
@@ -21,7 +21,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-#: (module under sinkflex.commands, group name or "" for top-level commands)
+#: (module under driver.commands, group name or "" for top-level commands)
 _COMMAND_MODULES = [("env", "env"), ("models", "models"), ("train", "")]
 
 
@@ -35,9 +35,9 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug log
 
 for _module, _group in _COMMAND_MODULES:
     try:
-        _mod = importlib.import_module(f"sinkflex.commands.{_module}")
+        _mod = importlib.import_module(f"driver.commands.{_module}")
     except ModuleNotFoundError as _err:  # a command group not built yet
-        if _err.name != f"sinkflex.commands.{_module}":
+        if _err.name != f"driver.commands.{_module}":
             raise
         continue
     if _group:

@@ -1,4 +1,4 @@
-"""`sinkflex-rl train -c CONFIG`: the main job (see sinkflex/train/)."""
+"""`sinkflex-rl train -c CONFIG`: the main job (see driver/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 app = typer.Typer()
-log = logging.getLogger("sinkflex.train")
+log = logging.getLogger("driver.train")
 
 
 @app.command()
@@ -32,11 +32,11 @@ def train(
 
     from sinkflex.buffer import TrajectoryBuffer
     from sinkflex.config import ConfigError, validate_config
-    from sinkflex.launcher import LocalLauncher
+    from driver.launcher import LocalLauncher
     from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
-    from sinkflex.train.config import TrainConfig, load_train_config
-    from sinkflex.train.controller import Controller
-    from sinkflex.train.local import connect, launch_local
+    from driver.config import TrainConfig, load_train_config
+    from driver.controller import Controller
+    from driver.local import connect, launch_local
 
     console = Console()
     try:
