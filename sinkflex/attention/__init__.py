@@ -19,6 +19,7 @@ from sinkflex.attention.masks import (
     generate_causal,
     generate_document,
     generate_padding,
+    generate_shared_prefix,
     generate_sliding_window,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "generate_causal",
     "generate_document",
     "generate_padding",
+    "generate_shared_prefix",
     "generate_sliding_window",
     "register",
     "sink_attention",

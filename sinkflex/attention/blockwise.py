@@ -14,7 +14,8 @@ Alg. 1 and 2) with the sink folded in as one extra logit whose value vector is z
         d sink_h = −Σ_{b,i} σ(sink_h − lse_i) · D_i                  (the sink's P is e^{s − L})
 
 Only q, k, v, O and L are saved (O(n)); each step holds one ``[B, Hq, tq, tk]`` tile.
-Tiles outside the mask's key range are never visited (sliding window: O(n·W) work),
+Tiles outside the mask's key intervals are never visited (sliding window: O(n·W) work;
+shared prefix: a suffix's queries never visit another suffix's keys),
 and tiles whose evaluated mask is empty are skipped. Math runs in float32 (float64 for
 float64 inputs) whatever the input dtype; outputs and gradients are cast back.
 A fully masked row yields O = 0 and zero gradients (no NaN), with or without a sink.
@@ -42,9 +43,11 @@ def _finite_or_zero(x: Tensor) -> Tensor:
 
 
 def _kv_tiles(mask: MaskSpec | None, q0: int, q1: int, kv_len: int, kv_tile: int):
-    lo, hi = (0, kv_len) if mask is None else mask.key_bounds(q0, q1, kv_len)
-    for k0 in range(lo, hi, kv_tile):
-        yield k0, min(k0 + kv_tile, hi)
+    """Key tiles for queries [q0, q1): tiles of each of the mask's key intervals (never outside them)."""
+    intervals = [(0, kv_len)] if mask is None else mask.key_intervals(q0, q1, kv_len)
+    for lo, hi in intervals:
+        for k0 in range(lo, hi, kv_tile):
+            yield k0, min(k0 + kv_tile, hi)
 
 
 def _masked_scores(q_t: Tensor, k_t: Tensor, mask: MaskSpec | None, group: int, q0: int, q1: int, k0: int, k1: int):
@@ -203,8 +206,8 @@ def blockwise_sink_attention(
         q_tile = DEFAULT_Q_TILE
         q_len, kv_len = q.shape[2], k.shape[2]
         if mask is not None and q_len > q_tile:
-            lo, hi = mask.key_bounds(q_len // 2, q_len // 2 + q_tile, kv_len)
-            q_tile = q_tile if hi - lo >= 2 * q_tile else q_tile // 2
+            width = sum(hi - lo for lo, hi in mask.key_intervals(q_len // 2, q_len // 2 + q_tile, kv_len))
+            q_tile = q_tile if width >= 2 * q_tile else q_tile // 2
     if q_tile < 1 or kv_tile < 1:
         raise ValueError(f"tile sizes must be >= 1; got q_tile={q_tile}, kv_tile={kv_tile}")
     return BlockwiseSinkAttention.apply(q, k, v, sinks, mask, scale, q_tile, kv_tile)

@@ -33,7 +33,9 @@ module with ``sinks`` called without ``s_aux``, and a `BlockMask` on the CPU pat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -42,6 +44,25 @@ from sinkflex.attention.api import resolve_backend
 from sinkflex.attention.masks import MaskSpec, generate_causal, generate_sliding_window
 
 NAME = "sinkflex"
+
+_MASK_OVERRIDE: contextvars.ContextVar[MaskSpec | None] = contextvars.ContextVar("sinkflex_mask_override", default=None)
+
+
+@contextlib.contextmanager
+def mask_override(spec: MaskSpec | None) -> Iterator[None]:
+    """Within the block, every mask transformers builds for a sinkflex model is ``spec``.
+
+    For masks transformers cannot express from ``position_ids`` (a shared-prefix row:
+    `generate_shared_prefix`); works for any model whose mask creation goes through
+    ``create_causal_mask`` / ``create_sliding_window_causal_mask`` (Llama, gpt-oss, …).
+    Each layer still adds its own structure (``with_band``: the logical sliding window).
+    ``spec=None`` changes nothing.
+    """
+    token = _MASK_OVERRIDE.set(spec)
+    try:
+        yield
+    finally:
+        _MASK_OVERRIDE.reset(token)
 
 
 def _has_or_overlay(fn: Callable, depth: int = 0) -> bool:
@@ -79,6 +100,9 @@ def sinkflex_mask(
     """
     from transformers.masking_utils import causal_mask_function, padding_mask_function, prepare_padding_mask
 
+    override = _MASK_OVERRIDE.get()
+    if override is not None:
+        return override
     q_off, kv_off = int(q_offset), int(kv_offset)
     inner = mask_function if mask_function is not None else causal_mask_function
     padding = prepare_padding_mask(attention_mask, kv_length, kv_off)
@@ -93,6 +117,8 @@ def sinkflex_mask(
 
     spec = MaskSpec(mask_mod=hf_mask, description=f"transformers({getattr(inner, '__name__', 'mask')})")
     spec._cache["hf"] = {"offset": q_off - kv_off, "or_overlay": _has_or_overlay(inner)}
+    # plain causal over the whole row (no padding, no packing, no cache): SDPA's is_causal is exact
+    spec._cache["plain_causal"] = inner is causal_mask_function and padding is None and q_off == 0 and kv_off == 0
     return spec
 
 
@@ -101,6 +127,8 @@ def _with_structure(spec: MaskSpec, causal: bool, sliding_window: int | None, of
 
     ``offset`` (query-minus-key position) is taken from the spec when transformers built it.
     """
+    if "with_band" in spec._cache:  # the mask knows its own frame (shared prefix: logical positions)
+        return spec._cache["with_band"](sliding_window) if causal else spec
     info = spec._cache.get("hf", {"offset": offset, "or_overlay": False})
     if info["or_overlay"] or not causal:
         return spec
@@ -198,12 +226,64 @@ def sinkflex_attention_forward(
         from sinkflex.attention.reference import reference_sink_attention
 
         out = reference_sink_attention(query, key, value, s_aux, mask, scale)[0]
+    elif s_aux is None and (fast := _sdpa_route(mask, sliding_window, q_len, kv_len)) is not None:
+        out = fast(query, key, value, scale)
     else:
         out = blockwise_sink_attention(query, key, value, s_aux, mask, scale)
     return out.transpose(1, 2).contiguous(), None
 
 
-_BACKEND = {"name": "auto"}
+_BACKEND = {"name": "auto", "sdpa": True}
+
+
+def _sdpa_route(mask, sliding_window: int | None, q_len: int, kv_len: int):
+    """Without sinks on the CPU path, the fastest exact attention the mask allows, or None.
+
+    - plain causal rows (transformers' causal mask, no padding/packing/cache, no window):
+      ``F.scaled_dot_product_attention(is_causal=True)`` — PyTorch's fused CPU flash kernel;
+    - shared-prefix rows without padding or window: SDPA on the prefix (causal) and, per
+      suffix, SDPA over ``[prefix keys | own suffix keys]`` with the causal-offset mask;
+      the prefix keys' gradients from all suffixes add up through ``torch.cat``.
+    Anything else (windows, padding, documents) stays on the blockwise path.
+    """
+    if not _BACKEND["sdpa"] or not isinstance(mask, MaskSpec) or q_len != kv_len:
+        return None
+    if sliding_window is None and mask._cache.get("plain_causal"):
+        return _sdpa_causal
+    layout = mask._cache.get("shared_prefix")
+    if layout is not None and mask._cache.get("shared_prefix_window") is None and not mask._cache.get("has_padding"):
+        return lambda q, k, v, scale: _sdpa_shared_prefix(q, k, v, scale, layout)
+    return None
+
+
+def _sdpa_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """``[B, Hq, N, D]`` causal SDPA (GQA by KV-major grouping, as `repeat_kv`)."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _sdpa_shared_prefix(q: Tensor, k: Tensor, v: Tensor, scale: float, layout) -> Tensor:
+    """Shared-prefix attention by SDPA pieces; ``layout`` = per row ``(P, [(start, end), …])``."""
+    import torch.nn.functional as F
+
+    gqa = q.shape[1] != k.shape[1]
+    rows = []
+    for b, (prefix, sufs) in enumerate(layout):
+        qb, kb, vb = q[b : b + 1], k[b : b + 1], v[b : b + 1]
+        parts = []
+        if prefix:
+            parts.append(F.scaled_dot_product_attention(
+                qb[:, :, :prefix], kb[:, :, :prefix], vb[:, :, :prefix], is_causal=True, scale=scale, enable_gqa=gqa))
+        for a, e in sufs:
+            n = e - a
+            ks = torch.cat([kb[:, :, :prefix], kb[:, :, a:e]], dim=2)
+            vs = torch.cat([vb[:, :, :prefix], vb[:, :, a:e]], dim=2)
+            cols = torch.arange(prefix + n, device=q.device)
+            allowed = (cols[None, :] < prefix) | (cols[None, :] - prefix <= torch.arange(n, device=q.device)[:, None])
+            parts.append(F.scaled_dot_product_attention(qb[:, :, a:e], ks, vs, attn_mask=allowed, scale=scale, enable_gqa=gqa))
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows, dim=0)
 
 
 def layer_masks(config, mask: MaskSpec) -> dict[str, MaskSpec]:

@@ -9,6 +9,9 @@ optional *structure hints* that let the blockwise CPU path skip work:
   ``lo = q0 + offset - W + 1``). Tiles outside it are never computed.
 - ``tile_is_full(q0, q1, k0, k1) -> bool``: True only when every entry of the tile is
   allowed for every batch row, so the tile needs no mask at all.
+- ``kv_intervals(q0, q1) -> [(lo, hi), …]``: sorted disjoint key intervals, a finer form
+  of ``kv_range`` for masks whose allowed keys are not one interval (shared prefix:
+  the prefix and the query's own suffix, never another suffix).
 
 ``mask_mod`` must be index-based and broadcastable: it is called with scalar indices
 (by ``create_block_mask`` under vmap) and with broadcast index tensors
@@ -27,6 +30,7 @@ from torch import Tensor
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 KvRange = Callable[[int, int], tuple[int, int]]
+KvIntervals = Callable[[int, int], list[tuple[int, int]]]
 TileIsFull = Callable[[int, int, int, int], bool]
 
 
@@ -41,12 +45,15 @@ class MaskSpec:
         tile_is_full: True if a (q0, q1, k0, k1) tile is entirely allowed in every batch
             row; None = never known to be full (the mask is evaluated on every tile).
         description: human-readable form, e.g. ``"causal & sliding_window(128)"``.
+        kv_intervals: conservative sorted key intervals for ``[q0, q1)`` (within kv_range
+            when both are given); None = the single interval of kv_range.
     """
 
     mask_mod: MaskMod
     kv_range: KvRange | None = None
     tile_is_full: TileIsFull | None = None
     description: str = "mask"
+    kv_intervals: KvIntervals | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __and__(self, other: MaskSpec) -> MaskSpec:
@@ -61,6 +68,14 @@ class MaskSpec:
             return 0, kv_len
         lo, hi = self.kv_range(q0, q1)
         return max(lo, 0), min(hi, kv_len)
+
+    def key_intervals(self, q0: int, q1: int, kv_len: int) -> list[tuple[int, int]]:
+        """Clamped, sorted, non-empty key intervals that queries ``[q0, q1)`` may see."""
+        lo, hi = self.key_bounds(q0, q1, kv_len)
+        if self.kv_intervals is None:
+            return [(lo, hi)] if lo < hi else []
+        out = [(max(a, lo), min(b, hi)) for a, b in self.kv_intervals(q0, q1)]
+        return [(a, b) for a, b in out if a < b]
 
     def tile(self, batch: int, q0: int, q1: int, k0: int, k1: int, device: torch.device) -> Tensor | None:
         """The allowed entries of one tile as a bool tensor ``[B or 1, q1 - q0, k1 - k0]``.
@@ -99,6 +114,7 @@ def and_masks(*specs: MaskSpec) -> MaskSpec:
     mods = [s.mask_mod for s in specs]
     ranges = [s.kv_range for s in specs if s.kv_range is not None]
     fulls = [s.tile_is_full for s in specs]
+    with_intervals = [s for s in specs if s.kv_intervals is not None]
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         allowed = mods[0](b, h, q_idx, kv_idx)
@@ -113,9 +129,17 @@ def and_masks(*specs: MaskSpec) -> MaskSpec:
     def tile_is_full(q0: int, q1: int, k0: int, k1: int) -> bool:
         return all(f(q0, q1, k0, k1) for f in fulls)  # type: ignore[misc]
 
+    def kv_intervals(q0: int, q1: int) -> list[tuple[int, int]]:
+        out = with_intervals[0].kv_intervals(q0, q1)  # type: ignore[misc]
+        for other in with_intervals[1:]:
+            theirs = other.kv_intervals(q0, q1)  # type: ignore[misc]
+            out = [(max(a, c), min(b, d)) for a, b in out for c, d in theirs if max(a, c) < min(b, d)]
+        return out
+
     return MaskSpec(
         mask_mod=mask_mod,
         kv_range=kv_range if ranges else None,
         tile_is_full=tile_is_full if all(f is not None for f in fulls) else None,
         description=" & ".join(s.description for s in specs),
+        kv_intervals=kv_intervals if with_intervals else None,
     )
