@@ -119,6 +119,22 @@ class BufferConfig(StrictModel):
     after a restart, or to another). Must exceed checkpoint_every steps of training."""
 
 
+class WarmStartConfig(StrictModel):
+    """Supervised warm start on demonstrations before GRPO (learner_service/sft.py)."""
+
+    demonstrations: str | None = None
+    """File of length-delimited TrajectoryGroups (written by the driver from golden actions);
+    None: no warm start. Trained once, when the learner starts at policy version 0."""
+    epochs: int = Field(2, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the warm start (its own optimiser; the GRPO one is untouched)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up over this many optimiser steps."""
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: int = Field(8, ge=1)
+    """Demonstrations per optimiser step (split into micro-batches of batch.micro_batch_size)."""
+
+
 class LearnerConfig(StrictModel):
     """Everything `python -m learner_service` needs."""
 
@@ -129,6 +145,7 @@ class LearnerConfig(StrictModel):
     optim: OptimConfig = OptimConfig()
     batch: BatchConfig = BatchConfig()
     buffer: BufferConfig = BufferConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
     checkpoint_every: int = Field(1, ge=1)
     """Steps between checkpoints. Groups are acknowledged only after the checkpoint that
     records them, so a larger value leaves more groups pending in the stream."""

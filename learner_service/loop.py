@@ -121,6 +121,17 @@ class LearnerRunner:
             for fut in waiters:
                 fut.set_result((str(path), s.policy_version, s.step))
 
+    def _warm_start(self) -> None:
+        """Supervised warm start (learner_service/sft.py), checkpointed and published as the next version."""
+        from learner_service.sft import read_demonstrations, warm_start
+
+        groups = read_demonstrations(self.learner.cfg.warm_start.demonstrations)
+        metrics = warm_start(self.learner, groups)
+        save_checkpoint(self.learner)
+        published = publish_policy(self.learner)
+        log.info("warm start done: policy version %d at %s (%s)", published.policy_version, published.location,
+                 ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+
     def run(self, max_steps: int | None = None) -> int:
         """Trains until `max_steps` learner steps in total (None: until `request_stop`).
 
@@ -131,6 +142,8 @@ class LearnerRunner:
         learner, cfg = self.learner, self.learner.cfg
         if learner.rank == 0 and learner.state.trained_group_ids:
             self.buffer.mark_trained(learner.state.trained_group_ids)
+        if cfg.warm_start.demonstrations and learner.state.policy_version == 0 and not self._stop.is_set():
+            self._warm_start()
         v = learner.state.policy_version
         if v > 0 and not policy_dir(cfg.run_dir, v).is_dir():
             publish_policy(learner)  # crashed between checkpoint and publish

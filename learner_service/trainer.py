@@ -57,6 +57,7 @@ class LearnerState:
     trained_group_ids: list[str] = dataclasses.field(default_factory=list)
     published_version: int = -1
     published_location: str = ""
+    warm_start_version: int = 0  # policy version the warm start published (0: no warm start)
 
 
 def _dist() -> tuple[int, int]:

@@ -214,9 +214,26 @@ def to_tau2(messages: Sequence[common_pb2.Message]) -> list:
     from env_service.convert import to_tau2_messages
 
     try:
-        return to_tau2_messages(messages, include_system=False)
+        converted = to_tau2_messages(messages, include_system=False)
     except ValueError as err:
         raise invalid_argument(f"messages: {err}") from None
+    return [stop_tool_as_stop_token(m) for m in converted]
+
+
+def stop_tool_as_stop_token(message):
+    """tau2's rule for the agent's `done` tool (`GymAgent._check_if_stop_toolcall`): an
+    assistant message that calls it is the stop message, recorded with content "###STOP###"
+    and no tool calls. The env service applies the same rule to the action it receives, so
+    the trajectory scored here is the one the env stepped (a solo-mode agent that stops by
+    calling `done` is otherwise an unanswered tool call that tau2 cannot evaluate)."""
+    from tau2.data_model.message import AssistantMessage
+    from tau2.gym.gym_agent import GymAgent
+
+    if isinstance(message, AssistantMessage) and message.tool_calls and any(
+        c.name == GymAgent.STOP_FUNCTION_NAME for c in message.tool_calls
+    ):
+        return message.model_copy(update={"content": GymAgent.STOP_TOKEN, "tool_calls": None})
+    return message
 
 
 # --------------------------------------------------------------------------- judge

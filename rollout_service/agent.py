@@ -244,7 +244,7 @@ class AgentLoop:
                                  max_turns, max_context_tokens, solo_mode) for i in range(group_size)]
             lock = asyncio.Lock()
             trajs = await asyncio.gather(*(self.run_episode(s, lock) for s in specs))
-            await self._score(trajs)
+            await self._score(trajs, solo_mode)
             group = common_pb2.TrajectoryGroup(group_id=uuid.uuid4().hex, task_id=task_id, env=env, trajectories=trajs)
             ts = Timestamp()
             ts.GetCurrentTime()
@@ -256,11 +256,11 @@ class AgentLoop:
         finally:
             self.groups_in_flight -= 1
 
-    async def _score(self, trajs: list[common_pb2.Trajectory]) -> None:
+    async def _score(self, trajs: list[common_pb2.Trajectory], solo_mode: bool = False) -> None:
         if self.reward is None:
             return  # keep the env's reward (tau2 evaluator at termination)
         reqs = [reward_pb2.ScoreRequest(env=t.env, task_id=t.task_id, messages=t.messages,
-                                        termination_reason=t.termination_reason) for t in trajs]
+                                        termination_reason=t.termination_reason, solo_mode=solo_mode) for t in trajs]
         items = await asyncio.to_thread(self.reward.score_batch, reqs)
         for t, item in zip(trajs, items):
             t.reward_breakdown.CopyFrom(item.breakdown)
