@@ -19,6 +19,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--config", help="YAML file of EnvServiceConfig")
     p.add_argument("--domains", help="comma-separated tau2 domains (default: retail,airline,telecom,mock)")
+    p.add_argument("--task-files", action="append", default=[], metavar="DOMAIN=PATH[,PATH]",
+                   help="extra tau2 task dirs/files for a domain (tau2's tasks.json + split_tasks.json; repeatable)")
     p.add_argument("--user-model", help='litellm model of the user simulator, e.g. "openai/smollm2"')
     p.add_argument("--user-base-url", help="OpenAI-compatible base URL of the user LLM")
     p.add_argument("--user-api-key", help="API key of the user LLM endpoint")
@@ -32,6 +34,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, default=9091, help="Prometheus metrics port (-1: none, 0: any free port)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
+
+
+def parse_task_files(values: list[str]) -> dict[str, list[str]]:
+    """`["mock=DIR1,DIR2", "retail=DIR3"]` -> `{"mock": [DIR1, DIR2], "retail": [DIR3]}`."""
+    out: dict[str, list[str]] = {}
+    for value in values:
+        domain, sep, paths = value.partition("=")
+        if not sep or not domain.strip() or not paths.strip():
+            raise SystemExit(f"--task-files {value!r}: expected DOMAIN=PATH[,PATH...]")
+        out.setdefault(domain.strip(), []).extend(p.strip() for p in paths.split(",") if p.strip())
+    return out
 
 
 def config_from_args(args: argparse.Namespace):
@@ -53,6 +66,11 @@ def config_from_args(args: argparse.Namespace):
         "reward_on_termination": False if args.no_reward else None,
     }
     base.update({k: v for k, v in overrides.items() if v is not None})
+    if args.task_files:
+        files = {k: list(v) for k, v in (base.get("task_files") or {}).items()}
+        for k, v in parse_task_files(args.task_files).items():
+            files.setdefault(k, []).extend(v)
+        base["task_files"] = files
     return validate_config(base, EnvServiceConfig, source="command line")
 
 
@@ -63,6 +81,13 @@ def main(argv=None) -> None:
 
     quiet_tau2_logs("DEBUG" if args.log_level.upper() == "DEBUG" else "WARNING")
     config = config_from_args(args)
+    from tau2_adapter.tasks import domain_tasks
+
+    try:  # a bad task file fails here, with its name, before any port is bound (loads are cached)
+        for domain, files in config.task_files.items():
+            domain_tasks(domain, files)
+    except ValueError as err:
+        raise SystemExit(f"env_service: cannot start: {err}") from None
     from env_service.server import build_server
 
     metrics_port = None if args.metrics_port < 0 else args.metrics_port

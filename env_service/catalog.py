@@ -1,12 +1,13 @@
 """The tau2 domains the env service serves: environments, tasks and task splits.
 
-Everything here comes from tau2's registry (`tau2.registry.registry`): the domain's
-environment constructor (a fresh `tau2.environment.environment.Environment` with its own
-DB per session), its tasks (`tau2.data_model.tasks.Task`) and its task splits
-(`get_tasks_split`, e.g. retail train 74 / test 40 / base 114). A domain without a split
-file gets one split, "base", with all its tasks. Telecom serves all its tasks
-(`get_tasks(None)`: base 114 plus the generated "full" set, 2285 in all) so that every
-split it ships is servable.
+The environment constructor comes from tau2's registry (`tau2.registry.registry`): a
+fresh `tau2.environment.environment.Environment` with its own DB per session. Tasks
+(`tau2.data_model.tasks.Task`) and splits come from `tau2_adapter.tasks.domain_tasks`:
+the tasks tau2 ships with their splits (`get_tasks_split`, e.g. retail train 74 / test 40 /
+base 114; a domain without a split file gets one split, "base", with all its tasks;
+telecom serves all its tasks, base 114 plus the generated "full" set, 2285 in all), plus
+the task files the config names for the domain (`EnvServiceConfig.task_files`, tau2's own
+format, see docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -87,25 +88,12 @@ class Domain:
         return random.Random(seed).choice(ids)
 
 
-def _load_domain(name: str) -> Domain:
+def _load_domain(name: str, task_files=()) -> Domain:
     from tau2.registry import registry
+    from tau2_adapter.tasks import domain_tasks
 
     make_env = registry.get_env_constructor(name)
-    loader = registry.get_tasks_loader(name)
-    tasks_list = loader(None)  # every task the domain ships (all splits)
-    tasks = {t.id: t for t in tasks_list}
-    split_loader = registry.get_task_splits_loader(name)
-    if split_loader is None:  # mock: not registered, but the domain module may ship one
-        module = __import__(f"tau2.domains.{name}.environment", fromlist=["get_tasks_split"])
-        split_loader = getattr(module, "get_tasks_split", None)
-    splits: dict[str, list[str]] = {}
-    if split_loader is not None:
-        try:
-            splits = {k: [i for i in v if i in tasks] for k, v in split_loader().items()}
-        except (FileNotFoundError, OSError) as err:
-            log.info("env %s ships no split file (%s): one split 'base'", name, err)
-    if not splits:
-        splits = {"base": list(tasks)}
+    task_set = domain_tasks(name, task_files)
     try:
         make_env(solo_mode=True)
         supports_solo = True
@@ -115,23 +103,33 @@ def _load_domain(name: str) -> Domain:
         name=name,
         description=_DESCRIPTIONS.get(name, f"tau2-Bench {name}"),
         make_environment=make_env,
-        tasks=tasks,
-        splits=splits,
+        tasks=dict(task_set.tasks),
+        splits={k: list(v) for k, v in task_set.splits.items()},
         supports_solo=supports_solo,
     )
 
 
 class Catalog:
-    """The served domains, loaded once (the server is NOT_SERVING until this is built)."""
+    """The served domains, loaded once (the server is NOT_SERVING until this is built).
 
-    def __init__(self, names: tuple[str, ...] | list[str]):
+    Args:
+        names: tau2 domains.
+        task_files: domain -> extra task dirs/files (tau2's format) served besides tau2's
+            own tasks. Raises ValueError naming the file and id on a bad one.
+    """
+
+    def __init__(self, names: tuple[str, ...] | list[str], task_files: dict | None = None):
         from tau2.registry import registry
 
         known = registry.get_domains()
         for name in names:
             if name not in known:
                 raise ValueError(f"unknown tau2 domain {name!r}; tau2 ships {', '.join(known)}")
-        self.domains: dict[str, Domain] = {n: _load_domain(n) for n in names}
+        task_files = dict(task_files or {})
+        for name in task_files:
+            if name not in names:
+                raise ValueError(f"task files given for domain {name!r}, which is not served ({', '.join(names)})")
+        self.domains: dict[str, Domain] = {n: _load_domain(n, tuple(task_files.get(n, ()))) for n in names}
 
     def get(self, env: str) -> Domain:
         """The domain `env`. Raises ServiceError NOT_FOUND."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sinkflex.config import StrictModel
 
@@ -21,6 +21,12 @@ class EnvServiceConfig(StrictModel):
 
     domains: tuple[str, ...] = Field(TAU2_DOMAINS, min_length=1)
     """tau2 domains to serve (subset of retail, airline, telecom, mock)."""
+
+    task_files: dict[str, list[str]] = Field(default_factory=dict)
+    """Extra task sets per domain, besides the tasks tau2 ships: domain -> task dirs (or
+    tasks JSON files) in tau2's own layout (`tasks.json` + `split_tasks.json`, see
+    docs/tasks.md). Their tasks are served by id and their splits by ListTasks; loaded
+    through `tau2_adapter.tasks.domain_tasks` (a bad file fails the start)."""
 
     user_model: str = "openai/smollm2"
     """litellm model string of the user simulator, e.g. "openai/smollm2" for a `vllm serve`
@@ -67,6 +73,15 @@ class EnvServiceConfig(StrictModel):
 
     max_workers: int = Field(64, ge=1)
     """gRPC server threads (each Step that waits for the user LLM holds one)."""
+
+    @model_validator(mode="after")
+    def _task_files_for_served_domains(self):
+        for domain, files in self.task_files.items():
+            if domain not in self.domains:
+                raise ValueError(f"task_files names domain {domain!r}, which is not served (domains: {', '.join(self.domains)})")
+            if any(not str(f).strip() for f in files):
+                raise ValueError(f"task_files.{domain}: empty path")
+        return self
 
     def user_llm_args(self) -> dict:
         """Keyword arguments tau2's UserSimulator passes to `litellm.completion`."""

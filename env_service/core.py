@@ -42,7 +42,7 @@ class EnvCore:
 
     def __init__(self, config: EnvServiceConfig, catalog: Catalog | None = None):
         self.config = config
-        self.catalog = catalog if catalog is not None else Catalog(config.domains)
+        self.catalog = catalog if catalog is not None else Catalog(config.domains, task_files=config.task_files)
         self._sessions: dict[str, Tau2Session] = {}
         self._reserved = 0  # sessions being built by an in-flight Reset
         self._gone: OrderedDict[str, str] = OrderedDict()  # id -> "closed" / "expired"

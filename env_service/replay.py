@@ -6,6 +6,9 @@ agent tool call; then the agent stops, its final message carrying the task's
 user (telecom) can only be sent by the agent in solo mode, where the agent holds the
 user's tools; otherwise they are skipped (and the DB will not match).
 
+Tasks come from `tau2_adapter.tasks.domain_tasks`: tau2's shipped tasks, plus the task
+files (tau2's format) given as `task_files`, or a Task given directly.
+
 The trajectory the service produced (observations plus actions) is turned back into
 tau2 messages with `env_service.convert` and scored with tau2's
 `evaluate_simulation(..., EvaluationType.ALL)`.
@@ -13,10 +16,10 @@ tau2 messages with `env_service.convert` and scored with tau2's
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 from env_service import convert
 from sinkflex.api.common.v1 import common_pb2
@@ -44,19 +47,18 @@ _PB_TO_TAU2_REASON = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def _tasks(env: str) -> dict:
-    from tau2.registry import registry
+def golden_task(env: str, task_id: str, task_files: Sequence[str | Path] = ()):
+    """tau2's Task `task_id` of domain `env`: the tasks tau2 ships (all splits) plus those of
+    `task_files` (task dirs in tau2's format), through `tau2_adapter.tasks.domain_tasks`
+    (loaded once per domain and files). Raises KeyError for an unknown task."""
+    from tau2_adapter.tasks import domain_tasks
 
-    return {t.id: t for t in registry.get_tasks_loader(env)(None)}
-
-
-def golden_task(env: str, task_id: str):
-    """tau2's Task `task_id` of domain `env` (all splits; loaded once per domain)."""
+    tasks = domain_tasks(env, task_files).tasks
     try:
-        return _tasks(env)[task_id]
+        return tasks[task_id]
     except KeyError:
-        raise KeyError(f"no task {task_id!r} in tau2 domain {env!r}") from None
+        where = f" or in {', '.join(map(str, task_files))}" if task_files else ""
+        raise KeyError(f"no task {task_id!r} in tau2 domain {env!r}{where}") from None
 
 
 def score(env: str, task, messages: list, termination_reason: str, solo_mode: bool = False):
@@ -72,8 +74,12 @@ def score(env: str, task, messages: list, termination_reason: str, solo_mode: bo
 
 def replay_golden(client, env: str, task_id: str, solo_mode: bool = False,
                   edit: Optional[Callable[[int, str, dict], dict]] = None, close: bool = True,
-                  evaluate: bool = True) -> ReplayResult:
+                  evaluate: bool = True, task=None, task_files: Sequence[str | Path] = ()) -> ReplayResult:
     """Runs the golden actions of `task_id` through `client` (an EnvClient) and scores them.
+
+    The server must serve the task (for a task of a task file: started with the file in
+    its `task_files`). The golden actions and the task scored come from `task` if given
+    (e.g. `TaskSet.tasks[task_id]`), else from `golden_task(env, task_id, task_files)`.
 
     Args:
         edit: optional `(index, tool_name, arguments) -> arguments` to change an action
@@ -81,7 +87,8 @@ def replay_golden(client, env: str, task_id: str, solo_mode: bool = False,
         close: Close the session at the end.
         evaluate: score with tau2's evaluator (else `reward` is NaN).
     """
-    task = golden_task(env, task_id)
+    if task is None:
+        task = golden_task(env, task_id, task_files)
     reset = client.reset(env_pb2.ResetRequest(env=env, task_id=task_id, solo_mode=solo_mode, seed=1))
     messages = list(reset.observation)
     step = None

@@ -1,0 +1,9 @@
+"""The τ²-Bench adapter: the one layer between SinkFlex-RL and the `tau2` package.
+
+- `tau2_adapter.tasks`: task sets in τ²-Bench's own format (`tasks.json` +
+  `split_tasks.json`), merged with the tasks τ²-Bench ships (`domain_tasks`).
+- `tau2_adapter.generate`: a generator of mock-domain tasks with held-out test content.
+
+Imports only the foundation (`sinkflex`) and `tau2`; never a service or the driver
+(docs/architecture.md).
+"""
