@@ -7,7 +7,17 @@ model reads token_ids[:-1] and position t predicts token_ids[t+1], whose old log
 so with causal attention the padding never influences a real token and no attention
 mask is needed (the sink path stays O(n)); padded positions have mask 0.
 
-Legend: B = rollouts, T = predicted positions (padded), G = rollouts in a group.
+Shared-prefix rows (`pack_shared`): the G rollouts of a group share their prompt, so a
+group is packed as one row [prefix | suffix_1 | … | suffix_G] and the prefix is computed
+once (`sinkflex.attention.generate_shared_prefix`: each suffix sees the prefix and its own
+causal past; position ids continue from the prefix in every suffix). The loss still runs
+per rollout: `PickedBatch` maps every rollout position to the logits row that predicts it
+(`src_RT` → a pick (row, target)); the last prefix position is one row with G picks (each
+suffix's first token). Only rows some loss-mask token needs get logits at all (`keep_J`).
+
+Legend: B = rollouts (model rows for `TrainBatch`), T = predicted positions (padded),
+G = rollouts in a group, N = packed positions of a model row, J = positions whose logits
+are computed, K = (row, target) picks, R = rollouts of a `PickedBatch`.
 """
 
 from __future__ import annotations
@@ -193,6 +203,183 @@ def pack(rollouts: list[Rollout], indices: list[int], pad_token_id: int = 0, row
     if row_tokens is None:
         return TrainBatch(input_ids_BT, target_ids_BT, old_logp_BT, mask_BT, adv_BT, tuple(segments))
     return TrainBatch(input_ids_BT, target_ids_BT, old_logp_BT, mask_BT, adv_BT, tuple(segments), pos_BT, doc_BT)
+
+
+@dataclass(frozen=True)
+class PickedBatch:
+    """One micro-batch as the learner's forward sees it: model rows, kept logits, picks, rollout-space targets.
+
+    Built by `picks_from_batch` (unshared / document-packed rows) or `pack_shared` (a
+    shared-prefix row). The model reads ``input_ids_BN`` and computes logits only at the
+    columns ``keep_J`` (transformers ``logits_to_keep``), giving ``[B, J, V]``, flattened to
+    ``[B·J, V]`` rows; pick k is (row ``pick_row_K[k]``, target ``pick_target_K[k]``); rollout r's
+    position t reads pick ``src_RT[r, t]`` (only where ``mask_RT``).
+    """
+
+    input_ids_BN: torch.Tensor  # [B, N] int64
+    position_ids_BN: torch.Tensor | None  # [B, N] int64 (packed or shared rows), None: 0..N-1
+    doc_ids_BN: torch.Tensor | None  # [B, N] int64 document ids (packed rows), else None
+    segment_ids_BN: torch.Tensor | None  # [B, N] int64 shared-prefix segments (0 prefix, s ≥ 1 suffix), else None
+    keep_J: torch.Tensor  # [J] int64 columns whose logits are computed
+    pick_row_K: torch.Tensor  # [K] int64 into the B·J flattened logits rows
+    pick_target_K: torch.Tensor  # [K] int64 token ids
+    src_RT: torch.Tensor  # [R, T] int64 into K (0 where mask_RT is 0)
+    target_ids_RT: torch.Tensor  # [R, T] int64
+    old_logp_RT: torch.Tensor  # [R, T] float32
+    mask_RT: torch.Tensor  # [R, T] bool
+    adv_RT: torch.Tensor  # [R, T] float32
+    segments: tuple[tuple[int, int, int], ...]  # (rollout index, r, 0): rollout-space rows start at 0
+    prefix_len: int = 0  # shared positions (0: not a shared row)
+    positions_computed: int = 0  # model positions of the forward (without padding)
+
+    def to(self, device: torch.device | str) -> "PickedBatch":
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return PickedBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()})
+
+
+def picks_from_batch(b: TrainBatch, rollouts: list[Rollout]) -> PickedBatch:
+    """The `PickedBatch` of an unshared (padded or document-packed) `TrainBatch`.
+
+    Rollout space: one row per rollout (R = number of rollouts, right-padded), the same
+    per-position tensors as the padded `pack`; logits only at columns some row needs.
+    """
+    seg_of = {i: (row, start) for i, row, start in b.segments}
+    order = [i for i, _, _ in b.segments]
+    R = max(len(order), 1)
+    T = max((rollouts[i].num_positions for i in order), default=1)
+    tgt_RT = torch.zeros(R, T, dtype=torch.int64)
+    old_RT = torch.zeros(R, T)
+    mask_RT = torch.zeros(R, T, dtype=torch.bool)
+    adv_RT = torch.zeros(R, T)
+    for r, i in enumerate(order):
+        row, start = seg_of[i]
+        n = rollouts[i].num_positions
+        sl = slice(start, start + n)
+        tgt_RT[r, :n] = b.target_ids_BT[row, sl]
+        old_RT[r, :n] = b.old_logp_BT[row, sl]
+        mask_RT[r, :n] = b.mask_BT[row, sl]
+        adv_RT[r, :n] = b.adv_BT[row, sl]
+    keep_J = b.mask_BT.any(0).nonzero().flatten()
+    if keep_J.numel() == 0:
+        keep_J = torch.zeros(1, dtype=torch.int64)  # the forward still runs (FSDP collectives)
+    B, J = b.input_ids_BT.shape[0], keep_J.numel()
+    col_of = torch.full((b.input_ids_BT.shape[1],), -1, dtype=torch.int64)
+    col_of[keep_J] = torch.arange(J)
+    rows = (torch.arange(B)[:, None] * J + torch.arange(J)[None, :]).flatten()  # [B·J]: every kept row
+    targets = b.target_ids_BT[:, keep_J].flatten()
+    src_RT = torch.zeros(R, T, dtype=torch.int64)
+    for r, i in enumerate(order):
+        row, start = seg_of[i]
+        n = rollouts[i].num_positions
+        cols = col_of[start : start + n]
+        src_RT[r, :n] = torch.where(cols >= 0, row * J + cols, torch.zeros_like(cols))
+    positions = sum(rollouts[i].num_positions for i in order)
+    return PickedBatch(
+        b.input_ids_BT, b.position_ids_BT, b.doc_ids_BT, None, keep_J, rows, targets, src_RT,
+        tgt_RT, old_RT, mask_RT, adv_RT, tuple((i, r, 0) for r, i in enumerate(order)), 0, positions,
+    )
+
+
+def common_prefix_len(rollouts: list[Rollout], indices: list[int]) -> int:
+    """P: the longest common prefix of the rollouts' token ids, capped so that every rollout
+    keeps its last input (P ≤ T_i + 1 − 1 = number of positions of the shortest)."""
+    ids = [rollouts[i].token_ids_T for i in indices]
+    cap = min(int(t.numel()) - 1 for t in ids)
+    first = ids[0][:cap]
+    p = cap
+    for t in ids[1:]:
+        diff = (t[:cap] != first).nonzero()
+        if diff.numel():
+            p = min(p, int(diff[0]))
+    return p
+
+
+def shared_prefix_pays(rollouts: list[Rollout], indices: list[int], min_prefix: int = 1) -> bool:
+    """Whether `pack_shared` shares these rollouts: at least 2, common prefix ≥ min_prefix (and ≥ 1)."""
+    return len(indices) >= 2 and common_prefix_len(rollouts, indices) >= max(min_prefix, 1)
+
+
+def pack_shared(rollouts: list[Rollout], indices: list[int], min_prefix: int = 1) -> PickedBatch | None:
+    """One shared-prefix row [prefix | suffix_1 | … | suffix_G] for rollouts of one group.
+
+    The prefix is the longest common prefix P of the token ids (`common_prefix_len`); suffix
+    i holds inputs token_ids[P : T_i] at positions P, P+1, … (as if alone). Logits row of
+    prefix position t < P−1 predicts token t+1 for every rollout (one pick, shared); the row
+    of position P−1 has one pick per rollout (its token P); suffix rows one pick each.
+    Rollout-space tensors are exactly those of the unshared padded batch.
+
+    Returns:
+        the batch, or None when sharing does not pay (fewer than 2 rollouts, or P < min_prefix):
+        the caller packs those rollouts unshared.
+    """
+    if len(indices) < 2:
+        return None
+    P = common_prefix_len(rollouts, indices)
+    if P < max(min_prefix, 1):
+        return None
+    rs = [rollouts[i] for i in indices]
+    n_suf = [r.num_positions - P for r in rs]  # suffix inputs (may be 0)
+    N = P + sum(n_suf)
+    inp = torch.empty(N, dtype=torch.int64)
+    pos = torch.empty(N, dtype=torch.int64)
+    seg = torch.empty(N, dtype=torch.int64)
+    inp[:P] = rs[0].token_ids_T[:P]
+    pos[:P] = torch.arange(P)
+    seg[:P] = 0
+    starts = []
+    a = P
+    for s, (r, n) in enumerate(zip(rs, n_suf)):
+        starts.append(a)
+        inp[a : a + n] = r.token_ids_T[P : P + n]
+        pos[a : a + n] = torch.arange(P, P + n)
+        seg[a : a + n] = s + 1
+        a += n
+    R, T = len(rs), max(r.num_positions for r in rs)
+    tgt_RT = torch.zeros(R, T, dtype=torch.int64)
+    old_RT = torch.zeros(R, T)
+    mask_RT = torch.zeros(R, T, dtype=torch.bool)
+    adv_RT = torch.zeros(R, T)
+    # packed column of rollout r's position t: t for t < P, starts[r] + t − P after
+    col_RT = torch.zeros(R, T, dtype=torch.int64)
+    for k, r in enumerate(rs):
+        n = r.num_positions
+        tgt_RT[k, :n] = r.token_ids_T[1:]
+        old_RT[k, :n] = r.old_logp_T
+        mask_RT[k, :n] = r.mask_T
+        adv_RT[k, :n] = r.advantage
+        col_RT[k, :P] = torch.arange(P)
+        col_RT[k, P:n] = torch.arange(starts[k], starts[k] + n - P)
+    need_N = torch.zeros(N, dtype=torch.bool)
+    need_N[col_RT[mask_RT]] = True
+    keep_J = need_N.nonzero().flatten()
+    if keep_J.numel() == 0:
+        keep_J = torch.zeros(1, dtype=torch.int64)
+    J = keep_J.numel()
+    j_of = torch.full((N,), -1, dtype=torch.int64)
+    j_of[keep_J] = torch.arange(J)
+    # picks: one per kept column (its own target for every column but P−1), plus G at P−1
+    col_target = torch.zeros(N, dtype=torch.int64)
+    col_target[: P - 1] = rs[0].token_ids_T[1:P]
+    for k, r in enumerate(rs):
+        n = r.num_positions
+        col_target[starts[k] : starts[k] + n - P] = r.token_ids_T[P + 1 : n + 1]
+    shared_cols = keep_J[keep_J != P - 1]
+    pick_row = [j_of[shared_cols]]
+    pick_tgt = [col_target[shared_cols]]
+    pick_of_col = torch.zeros(N, dtype=torch.int64)
+    pick_of_col[shared_cols] = torch.arange(shared_cols.numel())
+    src_RT = torch.where(mask_RT, pick_of_col[col_RT], torch.zeros_like(col_RT))
+    k0 = shared_cols.numel()
+    if bool(need_N[P - 1]):
+        boundary = mask_RT[:, P - 1]  # rollouts whose token P is optimised
+        ks = boundary.nonzero().flatten()
+        pick_row.append(torch.full((ks.numel(),), int(j_of[P - 1]), dtype=torch.int64))
+        pick_tgt.append(tgt_RT[ks, P - 1])
+        src_RT[ks, P - 1] = k0 + torch.arange(ks.numel())
+    return PickedBatch(
+        inp[None], pos[None], None, seg[None], keep_J, torch.cat(pick_row), torch.cat(pick_tgt), src_RT,
+        tgt_RT, old_RT, mask_RT, adv_RT, tuple((i, k, 0) for k, i in enumerate(indices)), P, N,
+    )
 
 
 def shard_for_rank(indices: list[int], rollouts: list[Rollout], rank: int, world: int) -> list[int]:

@@ -27,8 +27,11 @@ class ModelConfig(StrictModel):
     attn_implementation: str = "sinkflex"
     """transformers attention implementation: "sinkflex" (the sink path, sinkflex.attention),
     or any built-in one ("eager", "sdpa")."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Parameter and compute dtype; auto: bfloat16 on CUDA, float32 on CPU."""
+    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
+    """Parameter and compute dtype. auto: bfloat16 weights on CUDA; on a CPU with fast bfloat16
+    (AMX or avx512_bf16) float32 weights (the master copy AdamW updates) under bfloat16
+    autocast; float32 elsewhere (learner_service.model.resolve_precision, logged). float64:
+    exactness tests. Log-softmax, LSE and the GRPO ratio are float32 whatever the dtype."""
     gradient_checkpointing: bool = True
     """Recompute each decoder layer's activations in the backward pass."""
     seed: int = 0
@@ -101,6 +104,13 @@ class BatchConfig(StrictModel):
     """None: one rollout per row, right-padded. L: pack rollouts into rows of at most L
     positions (per-rollout position ids and a document mask; needs the sinkflex path);
     micro_batch_size still counts rollouts."""
+    shared_prefix: bool = True
+    """Pack each group's rollouts (up to micro_batch_size of them) as one row [prefix | suffix_1 |
+    … | suffix_G] so that the shared prompt is computed once (exact: same log-probs, loss and
+    gradients as unshared rows); needs the sinkflex attention path."""
+    shared_prefix_min_tokens: int = Field(64, ge=1)
+    """A group whose common prefix is shorter trains on unshared rows (counted in the metrics
+    as shared_prefix_fallback_groups)."""
 
 
 class BufferConfig(StrictModel):

@@ -67,3 +67,96 @@ def token_entropy(logits_BTV: torch.Tensor, temperature: float = 1.0, chunk: int
         lse_BC = torch.logsumexp(z_BCV, dim=-1)
         out.append(lse_BC - (torch.softmax(z_BCV, dim=-1) * z_BCV).sum(-1))
     return torch.cat(out, dim=1)
+
+
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _PickedLogProbs(torch.autograd.Function):
+    """log softmax(z / τ)[target] at K (row, target) picks of [N, V] logits, chunked, fp32.
+
+    Forward: per chunk of rows, z = logits.float() / τ, lse = logsumexp(z), entropy (no grad);
+    logp_k = z[row_k, target_k] − lse[row_k]. Only the logits and lse [N] are saved.
+    Backward (recomputed per chunk; never more than one chunk in float32):
+        dL/dlogits[n] = (Σ_{k: row_k = n} g_k · onehot(target_k) − (Σ_{k: row_k = n} g_k) · softmax(z_n)) / τ
+    Rows no pick with a non-zero gradient points at are skipped (their gradient is 0).
+    """
+
+    @staticmethod
+    def forward(ctx, logits_NV, rows_K, targets_K, temperature, chunk, want_entropy):
+        n = logits_NV.shape[0]
+        math = _math_dtype(logits_NV.dtype)
+        lse_N = torch.empty(n, dtype=math, device=logits_NV.device)
+        ent_N = torch.empty(n, dtype=math, device=logits_NV.device) if want_entropy else None
+        for s in range(0, n, chunk):
+            z_CV = logits_NV[s : s + chunk].to(math)
+            if temperature != 1.0:
+                z_CV = z_CV / temperature
+            lse_C = torch.logsumexp(z_CV, dim=-1)
+            lse_N[s : s + chunk] = lse_C
+            if ent_N is not None:
+                ent_N[s : s + chunk] = lse_C - (torch.softmax(z_CV, dim=-1) * z_CV).sum(-1)
+        picked_K = logits_NV[rows_K, targets_K].to(math) / temperature
+        ctx.save_for_backward(logits_NV, lse_N, rows_K, targets_K)
+        ctx.meta = (temperature, chunk)
+        if ent_N is None:
+            ent_N = torch.zeros(0, device=logits_NV.device)
+        ctx.mark_non_differentiable(ent_N)
+        return picked_K - lse_N[rows_K], ent_N
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_K, _grad_ent):
+        logits_NV, lse_N, rows_K, targets_K = ctx.saved_tensors
+        temperature, chunk = ctx.meta
+        n = logits_NV.shape[0]
+        g_K = grad_K.to(lse_N.dtype) / temperature
+        gsum_N = torch.zeros(n, dtype=lse_N.dtype, device=g_K.device).index_add_(0, rows_K, g_K)
+        grad_NV = torch.zeros_like(logits_NV)
+        live = (gsum_N != 0).nonzero().flatten()
+        for s in range(0, live.numel(), chunk):
+            idx = live[s : s + chunk]
+            z_CV = logits_NV[idx].to(lse_N.dtype)
+            if temperature != 1.0:
+                z_CV = z_CV / temperature
+            p_CV = torch.exp(z_CV - lse_N[idx, None])
+            grad_NV[idx] = (p_CV.mul_(-gsum_N[idx, None])).to(grad_NV.dtype)
+        grad_NV.index_put_((rows_K, targets_K), g_K.to(grad_NV.dtype), accumulate=True)
+        return grad_NV, None, None, None, None, None
+
+
+def picked_logprobs(
+    logits_NV: torch.Tensor,
+    rows_K: torch.Tensor,
+    targets_K: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = DEFAULT_CHUNK,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tempered log-probs at K (row, target) picks of flat logits; several picks may share a row.
+
+    The shared-prefix batch needs this: the last prefix position is one logits row with G
+    different targets (each suffix's first token), and every prefix position's row serves
+    all G rollouts. Each row's log-sum-exp is computed once, in float32, in chunks of rows;
+    the backward recomputes softmax chunk by chunk (custom autograd, `_PickedLogProbs`), so
+    neither pass keeps a float32 copy of the logits, and rows without gradient are skipped.
+
+    Args:
+        logits_NV: [N, V] logits (any float dtype; bf16 under autocast), rows = positions.
+        rows_K: [K] int64 row of each pick; targets_K: [K] int64 token id of each pick.
+        temperature: the engine's sampling temperature (> 0).
+        chunk: rows converted to float32 at a time.
+        entropy: also return the per-row entropy [N] float32 (no gradient).
+
+    Returns:
+        (logp_K [K] float32 (float64 for float64 logits), differentiable w.r.t. the logits;
+        entropy_N [N] in the same dtype, or None).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if logits_NV.dim() != 2 or rows_K.shape != targets_K.shape or rows_K.dim() != 1:
+        raise ValueError(f"need logits [N, V] and rows/targets [K]; got {tuple(logits_NV.shape)}, "
+                         f"{tuple(rows_K.shape)}, {tuple(targets_K.shape)}")
+    logp_K, ent_N = _PickedLogProbs.apply(logits_NV, rows_K, targets_K, float(temperature), int(chunk), bool(entropy))
+    return logp_K, (ent_N if entropy else None)

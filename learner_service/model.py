@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -22,11 +24,61 @@ from learner_service.config import ModelConfig
 log = logging.getLogger(__name__)
 
 
+def cpu_has_fast_bf16() -> bool:
+    """True when this CPU computes bfloat16 matmuls natively (AMX-BF16 or AVX512-BF16).
+
+    Read from /proc/cpuinfo flags (``amx_bf16``, ``avx512_bf16``), falling back to
+    ``torch.backends.cpu.get_cpu_capability()``; ``SINKFLEX_CPU_BF16=0/1`` overrides (tests).
+    """
+    forced = os.environ.get("SINKFLEX_CPU_BF16")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+        if "amx_bf16" in flags or "avx512_bf16" in flags:
+            return True
+    except OSError:
+        pass
+    try:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX_BF16")
+    except Exception:  # noqa: BLE001 - older torch
+        return False
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What `dtype` resolved to: parameter dtype and an optional autocast compute dtype."""
+
+    params: torch.dtype  # the weights (and AdamW's master copy)
+    autocast: torch.dtype | None  # bf16 autocast over fp32 weights (CPU with fast bf16), or None
+    reason: str
+
+    def describe(self) -> str:
+        p = str(self.params).removeprefix("torch.")
+        c = f", {str(self.autocast).removeprefix('torch.')} autocast" if self.autocast is not None else ""
+        return f"{p} weights{c} ({self.reason})"
+
+
+def resolve_precision(cfg: ModelConfig, device: torch.device) -> Precision:
+    """dtype auto → CUDA: bf16 weights; CPU with fast bf16: fp32 weights + bf16 autocast; else fp32.
+
+    Autocast (not bf16 weights) on CPU: AdamW keeps updating the fp32 weights (no separate
+    master copy to manage), checkpoints and published policies stay fp32, and the bare-loop
+    measurement (docs/bench_learner.md) put autocast within ~10 % of bf16 weights.
+    """
+    if cfg.dtype != "auto":
+        return Precision(getattr(torch, cfg.dtype), None, f"model.dtype {cfg.dtype}")
+    if device.type == "cuda":
+        return Precision(torch.bfloat16, None, "auto on CUDA")
+    if cpu_has_fast_bf16():
+        return Precision(torch.float32, torch.bfloat16, "auto: this CPU has AMX/avx512_bf16")
+    return Precision(torch.float32, None, "auto: no fast bfloat16 on this CPU")
+
+
 def resolve_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
-    """auto → bfloat16 on CUDA, float32 elsewhere."""
-    if cfg.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, cfg.dtype)
+    """The parameter dtype (`resolve_precision`): auto → bfloat16 on CUDA, float32 on CPU."""
+    return resolve_precision(cfg, device).params
 
 
 def ensure_attention(name: str) -> str:

@@ -11,6 +11,17 @@ A step, top to bottom (every rank runs it on the same groups; rank r trains its 
    takes one AdamW step and one scheduler step;
 4. policy_version += 1, the groups' ids are recorded as trained, metrics are written.
 
+Shared prefixes (batch.shared_prefix, default on): the rollouts of one group in a micro-step
+are packed as one row [prefix | suffix_1 | … | suffix_G] (batch.pack_shared) and the prompt
+is computed once; the loss, its normaliser Σ_i T_i and every gradient are those of the
+unshared rows (the prefix's gradient is the sum of its G copies'). Groups whose common
+prefix is shorter than batch.shared_prefix_min_tokens are trained on unshared rows
+(metrics: shared_prefix_rows, shared_prefix_fallback_groups, positions_computed).
+Precision (model.dtype auto): on CUDA bfloat16 weights; on a CPU with fast bfloat16
+(AMX / avx512_bf16) bfloat16 autocast over fp32 weights; fp32 elsewhere (model.resolve_precision).
+Log-softmax, LSE and the GRPO ratio are float32 in every case. logprob_mismatch_mean /
+_max: |engine log-prob − learner log-prob| on the loss-mask tokens of the first epoch.
+
 Departures from the paper: several optimiser steps per version (PPO epochs ×
 mini-batches) are an option (default one); the token count N is per mini-batch (the
 batch of one optimiser step), which is the paper's Σ T_i when there is one mini-batch.
@@ -18,6 +29,7 @@ batch of one optimiser step), which is the paper's Σ T_i when there is one mini
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -30,17 +42,21 @@ import torch.distributed as dist
 
 from learner_service.batch import (
     GroupInfo,
+    PickedBatch,
     Rollout,
     micro_batches,
     num_micro_steps,
     pack,
+    pack_shared,
+    picks_from_batch,
+    shared_prefix_pays,
     rollouts_from_group,
     shard_for_rank,
 )
 from learner_service.config import LearnerConfig
-from learner_service.logprobs import token_entropy, token_logprobs
+from learner_service.logprobs import picked_logprobs, token_logprobs
 from learner_service.loss import grpo_loss
-from learner_service.model import build_model, freeze, shard_model
+from learner_service.model import build_model, freeze, resolve_precision, shard_model
 from sinkflex.api.common.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -90,10 +106,15 @@ class Learner:
         self.cfg = cfg
         self.rank, self.world = _dist()
         self.device = device or default_device()
+        self.precision = resolve_precision(cfg.model, self.device)
+        log.info("learner precision: %s", self.precision.describe())
         model = build_model(cfg.model, self.device)
         self.arch_name = type(model).__name__
         if cfg.batch.pack_tokens is not None and cfg.model.attn_implementation != "sinkflex":
             raise ValueError("batch.pack_tokens needs model.attn_implementation 'sinkflex' (document mask)")
+        self.shared_prefix = cfg.batch.shared_prefix and cfg.model.attn_implementation == "sinkflex"
+        if cfg.batch.shared_prefix and not self.shared_prefix:
+            log.warning("batch.shared_prefix needs model.attn_implementation 'sinkflex': training on unshared rows")
         self.model = shard_model(model)
         self.ref_model = None
         if cfg.grpo.beta > 0:
@@ -125,33 +146,110 @@ class Learner:
                 self.state.trained_group_ids.append(g)
 
     # ------------------------------------------------------------------ log-probs
-    def _logits(self, model: torch.nn.Module, b) -> torch.Tensor:
-        """[B, T, V] logits of a TrainBatch; packed rows get per-rollout positions and a document mask."""
-        if b.doc_ids_BT is None:
-            return model(input_ids=b.input_ids_BT, use_cache=False).logits
-        if model.config.model_type != "gpt_oss":
-            # Llama-family models detect packed rows from position_ids themselves (use_cache off).
-            return model(input_ids=b.input_ids_BT, position_ids=b.position_ids_BT, use_cache=False).logits
-        from sinkflex.attention import generate_document
-        from sinkflex.attention.hf import layer_masks
+    def _autocast(self):
+        """bfloat16 autocast when the precision says so (model.resolve_precision), else nothing."""
+        if self.precision.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.precision.autocast)
 
-        # gpt-oss does not detect packing: hand it the document mask, one per layer type.
-        mask = layer_masks(model.config, generate_document(b.doc_ids_BT))
-        return model(input_ids=b.input_ids_BT, position_ids=b.position_ids_BT, attention_mask=mask, use_cache=False).logits
+    def _logits(self, model: torch.nn.Module, b, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T, V] logits of a TrainBatch or PickedBatch (model dtype, or bf16 under autocast).
+
+        Packed rows get per-rollout positions and a document mask; shared-prefix rows the
+        shared-prefix mask (`sinkflex.attention.generate_shared_prefix`, through
+        `hf.mask_override`). keep: [J] columns to compute logits for (``logits_to_keep``),
+        giving [B, J, V]; None: every column.
+        """
+        ids = b.input_ids_BT if hasattr(b, "input_ids_BT") else b.input_ids_BN
+        pos = b.position_ids_BT if hasattr(b, "position_ids_BT") else b.position_ids_BN
+        docs = b.doc_ids_BT if hasattr(b, "doc_ids_BT") else b.doc_ids_BN
+        kw: dict = {"use_cache": False}
+        if keep is not None:
+            kw["logits_to_keep"] = keep
+        with self._autocast():
+            if getattr(b, "segment_ids_BN", None) is not None:
+                from sinkflex.attention import generate_shared_prefix
+                from sinkflex.attention.hf import mask_override
+
+                with mask_override(generate_shared_prefix(b.segment_ids_BN, pos)):
+                    return model(input_ids=ids, position_ids=pos, **kw).logits
+            if docs is None:
+                return model(input_ids=ids, **kw).logits
+            if model.config.model_type != "gpt_oss":
+                # Llama-family models detect packed rows from position_ids themselves (use_cache off).
+                return model(input_ids=ids, position_ids=pos, **kw).logits
+            from sinkflex.attention import generate_document
+            from sinkflex.attention.hf import layer_masks
+
+            # gpt-oss does not detect packing: hand it the document mask, one per layer type.
+            mask = layer_masks(model.config, generate_document(docs))
+            return model(input_ids=ids, position_ids=pos, attention_mask=mask, **kw).logits
+
+    def _micro_batches(self, rollouts: list[Rollout], idx: list[int]) -> tuple[list[list[int] | PickedBatch], dict[str, float]]:
+        """This rank's micro-batches of `idx`, the same count on every rank.
+
+        With shared prefixes: every group's rollouts (in chunks of micro_batch_size) whose
+        common prefix is ≥ shared_prefix_min_tokens become one shared row each (a
+        PickedBatch); the rest are micro-batched unshared as before (lists of indices).
+        """
+        size, bc = self.cfg.batch.micro_batch_size, self.cfg.batch
+        shares = [shard_for_rank(idx, rollouts, r, self.world) for r in range(self.world)]
+        plans: list[tuple[list, list[int]]] = []
+        stats = {"shared_prefix_rows": 0.0, "shared_prefix_fallback_groups": 0.0, "shared_prefix_positions": 0.0}
+        for rank, share in enumerate(shares):
+            shared: list[PickedBatch] = []
+            rest: list[int] = []
+            if self.shared_prefix:
+                by_group: dict[str, list[int]] = {}
+                for i in share:
+                    by_group.setdefault(rollouts[i].group_id, []).append(i)
+                for members in by_group.values():
+                    for c in range(0, len(members), size):
+                        chunk = members[c : c + size]
+                        if not shared_prefix_pays(rollouts, chunk, bc.shared_prefix_min_tokens):
+                            rest.extend(chunk)
+                            if rank == self.rank:
+                                stats["shared_prefix_fallback_groups"] += len(chunk) > 1
+                        elif rank == self.rank:
+                            pb = pack_shared(rollouts, chunk, bc.shared_prefix_min_tokens)
+                            shared.append(pb)
+                            stats["shared_prefix_rows"] += 1
+                            stats["shared_prefix_positions"] += pb.prefix_len
+                        else:
+                            shared.append(None)  # type: ignore[arg-type]  # another rank's: only the count matters
+            else:
+                rest = list(share)
+            plans.append((shared, sorted(rest, key=lambda i: -rollouts[i].num_positions)))
+        steps = max(len(sh) + num_micro_steps(len(rest), size) for sh, rest in plans)
+        shared, rest = plans[self.rank]
+        return list(shared) + micro_batches(rest, size, steps - len(shared)), stats
+
+    def _picked(self, rollouts: list[Rollout], mb: list[int] | PickedBatch) -> PickedBatch:
+        if isinstance(mb, PickedBatch):
+            return mb.to(self.device)
+        b = pack(rollouts, mb, self.cfg.batch.pad_token_id, self.cfg.batch.pack_tokens)
+        return picks_from_batch(b, rollouts).to(self.device)
+
+    def _forward_picks(self, model: torch.nn.Module, pb: PickedBatch, entropy: bool = False):
+        """(logp_RT [R, T] float32, 0 off the loss mask; entropy_RT [R, T] or None) of a PickedBatch."""
+        logits_BJV = self._logits(model, pb, keep=pb.keep_J)
+        logits_NV = logits_BJV.flatten(0, 1)
+        logp_K, ent_N = picked_logprobs(logits_NV, pb.pick_row_K, pb.pick_target_K, self.cfg.grpo.temperature, entropy=entropy)
+        logp_RT = torch.where(pb.mask_RT, logp_K[pb.src_RT], torch.zeros((), dtype=logp_K.dtype, device=logp_K.device))
+        ent_RT = None if ent_N is None else ent_N[pb.pick_row_K[pb.src_RT]]
+        return logp_RT, ent_RT
 
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, rollouts: list[Rollout]) -> list[torch.Tensor]:
-        """Per-rollout log-probs [T] under `model` (no grad), each rank scoring its share."""
+        """Per-rollout log-probs [T] under `model` (no grad; 0 off the loss mask), each rank scoring its share."""
         idx = list(range(len(rollouts)))
-        shares = [shard_for_rank(idx, rollouts, r, self.world) for r in range(self.world)]
-        size = self.cfg.batch.micro_batch_size
-        steps = max(num_micro_steps(len(s), size) for s in shares)
         mine: dict[int, torch.Tensor] = {}
-        for mb in micro_batches(shares[self.rank], size, steps):
-            b = pack(rollouts, mb, self.cfg.batch.pad_token_id, self.cfg.batch.pack_tokens).to(self.device)
-            logp_BT = token_logprobs(self._logits(model, b), b.target_ids_BT, self.cfg.grpo.temperature)
-            for i, row, start in b.segments:
-                mine[i] = logp_BT[row, start : start + rollouts[i].num_positions].float().cpu()
+        units, _ = self._micro_batches(rollouts, idx)
+        for mb in units:
+            pb = self._picked(rollouts, mb)
+            logp_RT, _ = self._forward_picks(model, pb)
+            for i, row, start in pb.segments:
+                mine[i] = logp_RT[row, start : start + rollouts[i].num_positions].float().cpu()
         if self.world > 1:
             parts: list[dict[int, torch.Tensor] | None] = [None] * self.world
             dist.all_gather_object(parts, mine)
@@ -216,22 +314,36 @@ class Learner:
             self.state.groups_trained += len(infos)
             return self._finish({**counts, "skipped": 1.0}, t0)
 
+        mismatch = torch.zeros(3, dtype=torch.float64)  # Σ|Δ|, max |Δ|, tokens (engine vs learner, loss mask)
         if g.old_logprobs == "recompute":
             old = self._score(self.model, rollouts)
+            for r, o in zip(rollouts, old):
+                d = (r.old_logp_T - o).abs()[r.mask_T].double()
+                if d.numel():
+                    mismatch += torch.stack([d.sum(), torch.zeros((), dtype=torch.float64), torch.tensor(float(d.numel()), dtype=torch.float64)])
+                    mismatch[1] = max(mismatch[1].item(), d.max().item())
             rollouts = [dataclasses.replace(r, old_logp_T=o) for r, o in zip(rollouts, old)]
         ref = self._score(self.ref_model, rollouts) if self.ref_model is not None else None
 
-        sums = torch.zeros(7, dtype=torch.float64)  # pg, kl, clipped, ratio, tokens, entropy, positions
+        # pg, kl, clipped, ratio, tokens, entropy, positions, computed positions, shared rows, fallback groups, shared positions
+        sums = torch.zeros(11, dtype=torch.float64)
         grad_norms: list[float] = []
         n = len(rollouts)
-        for _epoch in range(g.ppo_epochs):
+        for epoch in range(g.ppo_epochs):
             perm = torch.randperm(n, generator=self.shuffle_gen).tolist()
             for mb in [perm[k * n // g.mini_batches : (k + 1) * n // g.mini_batches] for k in range(g.mini_batches)]:
                 if mb:
-                    gn = self._optimizer_step(rollouts, mb, ref, sums)
+                    track = mismatch if (epoch == 0 and g.old_logprobs == "engine") else None
+                    gn = self._optimizer_step(rollouts, mb, ref, sums, track)
                     if gn is not None:
                         grad_norms.append(gn)
         self._all_reduce_(sums)
+        mismatch_max = mismatch[1].item()
+        if self.world > 1:
+            mx = torch.tensor([mismatch_max], dtype=torch.float64, device=self.device if dist.get_backend() == "nccl" else "cpu")
+            dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+            mismatch_max = mx.item()
+        self._all_reduce_(mismatch)
         # `step` last: a reader polling it (the Status RPC thread) then sees the rest updated.
         self.record_trained([i.group_id for i in infos])
         self.state.groups_trained += len(infos)
@@ -267,6 +379,12 @@ class Learner:
             "optimised_tokens": sums[4].item() / g.ppo_epochs,
             "optimizer_steps": float(len(grad_norms)),
             "positions_trained": sums[6].item(),
+            "positions_computed": sums[7].item(),
+            "shared_prefix_rows": sums[8].item(),
+            "shared_prefix_fallback_groups": sums[9].item(),
+            "shared_prefix_positions": sums[10].item(),
+            "logprob_mismatch_mean": mismatch[0].item() / max(mismatch[2].item(), 1.0),
+            "logprob_mismatch_max": mismatch_max,
             "nonfinite_grad_steps": float(self.skipped_nonfinite),
         }
         return self._finish(metrics, t0)
@@ -287,10 +405,15 @@ class Learner:
         return metrics
 
     def _optimizer_step(
-        self, rollouts: list[Rollout], mb: list[int], ref: list[torch.Tensor] | None, sums: torch.Tensor
+        self,
+        rollouts: list[Rollout],
+        mb: list[int],
+        ref: list[torch.Tensor] | None,
+        sums: torch.Tensor,
+        mismatch: torch.Tensor | None = None,
     ) -> float | None:
         """Forward/backward over this rank's share of mini-batch `mb`, then one AdamW step."""
-        g, size = self.cfg.grpo, self.cfg.batch.micro_batch_size
+        g = self.cfg.grpo
         shares = [shard_for_rank(mb, rollouts, r, self.world) for r in range(self.world)]
         mine = shares[self.rank]
         n_local = torch.tensor([float(sum(int(rollouts[i].mask_T.sum()) for i in mine))], dtype=torch.float64)
@@ -298,35 +421,44 @@ class Learner:
         n_tokens = n_local.item()
         if n_tokens == 0:
             return None
-        steps = max(num_micro_steps(len(s), size) for s in shares)
-        for micro in micro_batches(mine, size, steps):
-            b = pack(rollouts, micro, self.cfg.batch.pad_token_id, self.cfg.batch.pack_tokens).to(self.device)
-            logits_BTV = self._logits(self.model, b)
-            logp_BT = token_logprobs(logits_BTV, b.target_ids_BT, g.temperature)
-            ref_BT = None
+        units, stats = self._micro_batches(rollouts, mb)
+        sums[8:11] += torch.tensor([stats["shared_prefix_rows"], stats["shared_prefix_fallback_groups"],
+                                    stats["shared_prefix_positions"]], dtype=torch.float64)
+        for unit in units:
+            pb = self._picked(rollouts, unit)
+            logp_RT, ent_RT = self._forward_picks(self.model, pb, entropy=True)
+            ref_RT = None
             if ref is not None:
-                ref_BT = torch.zeros_like(b.old_logp_BT)
-                for i, row, start in b.segments:
-                    ref_BT[row, start : start + rollouts[i].num_positions] = ref[i].to(self.device)
+                ref_RT = torch.zeros_like(pb.old_logp_RT)
+                for i, row, start in pb.segments:
+                    ref_RT[row, start : start + rollouts[i].num_positions] = ref[i].to(self.device)
             loss, terms = grpo_loss(
-                logp_BT, b.old_logp_BT, b.adv_BT, b.mask_BT, n_tokens, g.clip_eps_low, g.clip_eps_high, ref_BT, g.beta
+                logp_RT, pb.old_logp_RT, pb.adv_RT, pb.mask_RT, n_tokens, g.clip_eps_low, g.clip_eps_high, ref_RT, g.beta
             )
             loss.backward()
-            ent = token_entropy(logits_BTV.detach(), g.temperature)
-            positions = sum(rollouts[i].num_positions for i in micro)
-            sums += torch.tensor(
-                [
-                    terms.pg_sum.item(),
-                    terms.kl_sum.item(),
-                    terms.clipped_tokens.item(),
-                    terms.ratio_sum.item(),
-                    terms.tokens.item(),
-                    ent[b.mask_BT].sum().item(),
-                    positions,
-                ],
-                dtype=torch.float64,
-            )
-            del logits_BTV, logp_BT, loss
+            positions = sum(rollouts[i].num_positions for i, _, _ in pb.segments)
+            with torch.no_grad():
+                m = pb.mask_RT
+                if mismatch is not None and bool(m.any()):
+                    d = (logp_RT.detach().double() - pb.old_logp_RT.double()).abs()[m]
+                    mismatch[0] += d.sum().cpu()
+                    mismatch[1] = max(mismatch[1].item(), d.max().item())
+                    mismatch[2] += float(d.numel())
+                sums += torch.tensor(
+                    [
+                        terms.pg_sum.item(),
+                        terms.kl_sum.item(),
+                        terms.clipped_tokens.item(),
+                        terms.ratio_sum.item(),
+                        terms.tokens.item(),
+                        ent_RT[m].sum().item(),
+                        positions,
+                        pb.positions_computed,
+                        0.0, 0.0, 0.0,
+                    ],
+                    dtype=torch.float64,
+                )
+            del logp_RT, ent_RT, loss
         grad_norm = self._clip_grad()
         if not math.isfinite(grad_norm):  # never let one bad batch destroy the weights
             log.error("non-finite gradient norm %s: optimiser step skipped", grad_norm)
