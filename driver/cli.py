@@ -22,7 +22,7 @@ app = typer.Typer(
 )
 
 #: (module under driver.commands, group name or "" for top-level commands)
-_COMMAND_MODULES = [("env", "env"), ("models", "models"), ("train", "")]
+_COMMAND_MODULES = [("env", "env"), ("models", "models"), ("tasks", "tasks"), ("train", "")]
 
 
 @app.callback()

@@ -1,4 +1,4 @@
-"""`python -m reward_service --host H --port P [--judge-model M --judge-base-url URL]`.
+"""`python -m reward_service --host H --port P [--judge-model M --judge-base-url URL] [--task-files mock=DIR]`.
 
 Flags override the fields of an optional YAML config (`--config`, a `RewardServiceConfig`).
 The judge's API key may also come from the environment variable SINKFLEX_JUDGE_API_KEY.
@@ -25,6 +25,9 @@ def main(
     no_metrics: bool = typer.Option(False, "--no-metrics", help="do not serve Prometheus metrics"),
     max_message_bytes: int | None = typer.Option(None, help="gRPC message-size limit, bytes [default: 64 MiB]"),
     preload_env: list[str] | None = typer.Option(None, help="env whose tasks load before SERVING (repeatable)"),
+    task_files: list[str] | None = typer.Option(
+        None, "--task-files", metavar="ENV=PATH[,PATH]",
+        help="extra tau2 task dirs/files for an env (tau2's tasks.json + split_tasks.json; repeatable)"),
     judge_model: str | None = typer.Option(None, help="NL-assertion judge model name (enables NL_ASSERTION)"),
     judge_base_url: str | None = typer.Option(None, help="judge's OpenAI-compatible base URL, e.g. http://h:8000/v1"),
     judge_api_key: str | None = typer.Option(None, envvar="SINKFLEX_JUDGE_API_KEY", help="judge's API key"),
@@ -46,6 +49,15 @@ def main(
             base["metrics_port"] = None
         if preload_env:
             base["preload_envs"] = list(preload_env)
+        if task_files:
+            files = {k: list(v) for k, v in (base.get("task_files") or {}).items()}
+            for value in task_files:
+                env, sep, paths = value.partition("=")
+                if not sep or not env.strip() or not paths.strip():
+                    typer.echo(f"--task-files {value!r}: expected ENV=PATH[,PATH...]", err=True)
+                    raise typer.Exit(2)
+                files.setdefault(env.strip(), []).extend(p.strip() for p in paths.split(",") if p.strip())
+            base["task_files"] = files
         judge = dict(base.get("judge") or {})
         for key, value in (("model", judge_model), ("base_url", judge_base_url), ("api_key", judge_api_key)):
             if value is not None:
@@ -55,6 +67,15 @@ def main(
         cfg = validate_config(base, RewardServiceConfig, source="flags")
     except ConfigError as err:
         typer.echo(str(err), err=True)
+        raise typer.Exit(2) from None
+
+    from tau2_adapter.tasks import domain_tasks
+
+    try:  # a bad task file fails here, with its name, before any port is bound (loads are cached)
+        for env, files in cfg.task_files.items():
+            domain_tasks(env, files)
+    except ValueError as err:
+        typer.echo(f"reward_service: cannot start: {err}", err=True)
         raise typer.Exit(2) from None
 
     from reward_service.server import serve

@@ -73,10 +73,28 @@ class RewardServiceConfig(StrictModel):
         description="tau2 domains whose tasks are loaded before health turns SERVING (others load on first use).",
     )
     judge: JudgeConfig | None = Field(default=None, description="NL-assertion judge; None: NL tasks are refused.")
+    task_files: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description=(
+            "Extra task sets per env besides the tasks tau2 ships: env -> task dirs (or tasks JSON files) in "
+            "tau2's layout (tasks.json + split_tasks.json, see docs/tasks.md), loaded through "
+            "tau2_adapter.tasks.domain_tasks at start (a bad file fails the start), so their task ids are scorable."
+        ),
+    )
 
     @field_validator("preload_envs")
     @classmethod
     def _no_empty_env(cls, v: list[str]) -> list[str]:
         if any(not e for e in v):
             raise ValueError("env names must not be empty")
+        return v
+
+    @field_validator("task_files")
+    @classmethod
+    def _no_empty_paths(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for env, files in v.items():
+            if not env:
+                raise ValueError("env names must not be empty")
+            if any(not str(f).strip() for f in files):
+                raise ValueError(f"{env}: empty path")
         return v

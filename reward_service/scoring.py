@@ -97,43 +97,45 @@ _DETAILS = {
 
 
 class TaskCatalog:
-    """tau2 tasks by (env, task id), loaded from tau2's registry on first use (thread-safe).
+    """tau2 tasks by (env, task id), loaded on first use (thread-safe).
 
     `env` is a tau2 domain with a task set of the same name (mock, airline, retail,
-    telecom, telecom-workflow). Every task of the domain is loaded, all splits together.
-    `extra` adds tasks that are not in tau2's data (tests use it for an NL_ASSERTION basis).
+    telecom, telecom-workflow). Every task of the domain is loaded, all splits together,
+    through `tau2_adapter.tasks.domain_tasks`: the tasks tau2 ships plus those of
+    `task_files` (env -> task dirs in tau2's format, e.g. generated tasks; checked at
+    construction, a bad file raises ValueError naming it). `extra` adds Task objects that
+    are in no file (tests use it for an NL_ASSERTION basis).
     """
 
-    def __init__(self, extra: dict[str, list] | None = None) -> None:
+    def __init__(self, extra: dict[str, list] | None = None, task_files: dict[str, list[str]] | None = None) -> None:
+        from tau2_adapter.tasks import domain_tasks
+
         self._lock = threading.Lock()
         self._tasks: dict[str, dict] = {}
         self._solo: dict[str, bool] = {}
         self._extra = {env: list(tasks) for env, tasks in (extra or {}).items()}
+        self._files = {env: tuple(str(f) for f in files) for env, files in (task_files or {}).items()}
+        for env, files in self._files.items():  # fail now, not on the first Score
+            domain_tasks(env, files)
 
     def envs(self) -> list[str]:
+        from tau2_adapter.tasks import task_sets
         from tau2.registry import registry
 
-        known = set(registry.get_domains()) & set(registry.get_task_sets())
-        return sorted(known | set(self._extra))
+        known = set(registry.get_domains()) & set(task_sets())
+        return sorted(known | set(self._extra) | set(self._files))
 
     def tasks(self, env: str) -> dict:
         """All tasks of `env` by id. Raises ServiceError NOT_FOUND for an unknown env."""
         with self._lock:
             if env in self._tasks:
                 return self._tasks[env]
-            from tau2.registry import registry
+            from tau2_adapter.tasks import domain_tasks, task_sets
 
             envs = self.envs()
             if env not in envs:
                 raise not_found(f"unknown env {env!r}; known envs: {', '.join(envs)}")
-            tasks = []
-            if env in registry.get_task_sets():
-                loader = registry.get_tasks_loader(env)
-                try:
-                    tasks = loader(None)  # every split
-                except TypeError:
-                    tasks = loader()
-            by_id = {t.id: t for t in tasks}
+            by_id = dict(domain_tasks(env, self._files.get(env, ())).tasks) if env in task_sets() else {}
             by_id.update({t.id: t for t in self._extra.get(env, [])})
             self._tasks[env] = by_id
             return by_id

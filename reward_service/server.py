@@ -45,6 +45,7 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
 def build_server(config: RewardServiceConfig, catalog: TaskCatalog | None = None) -> tuple[ServiceServer, RewardServicer]:
     """A started-not-yet server (health NOT_SERVING) and its servicer; call `start()`, `load()`, `set_serving()`."""
+    catalog = catalog if catalog is not None else TaskCatalog(task_files=config.task_files)
     servicer = RewardServicer(catalog=catalog, judge=config.judge)
     server = ServiceServer(
         port=config.port,
@@ -65,7 +66,7 @@ def serve(config: RewardServiceConfig) -> None:
     server, servicer = build_server(config)
     server.install_signal_handlers()
     server.start()
-    servicer.load(list(config.preload_envs))
+    servicer.load(list(dict.fromkeys([*config.preload_envs, *config.task_files])))
     server.set_serving()
     log.info(
         "reward service SERVING on %s:%d (NL judge: %s)",

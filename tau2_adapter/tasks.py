@@ -182,16 +182,17 @@ def _domain_tasks(domain: str, files: tuple[str, ...]) -> TaskSet:
     split_origin = {k: f"tau2's shipped {domain} tasks" for k in splits}
     for f in files:
         extra = load_task_dir(f)
+        tasks_file, splits_file = _files_of(Path(f))
         for task_id, task in extra.tasks.items():
             if task_id in tasks:
-                raise ValueError(f"{f}: task id {task_id!r} is already defined by {origin[task_id]}")
+                raise ValueError(f"{tasks_file}: task id {task_id!r} is already defined by {origin[task_id]}")
             tasks[task_id] = task
-            origin[task_id] = f
+            origin[task_id] = str(tasks_file)
         for split, ids in extra.splits.items():
             if split in splits and splits[split] != ids:
-                raise ValueError(f"{f}: split {split!r} already exists in {split_origin[split]} with different task ids")
+                raise ValueError(f"{splits_file}: split {split!r} already exists in {split_origin[split]} with different task ids")
             splits[split] = list(ids)
-            split_origin.setdefault(split, f)
+            split_origin.setdefault(split, str(splits_file))
         log.info("tau2 domain %s: %d tasks, splits %s from %s", domain, len(extra), list(extra.splits), f)
     return TaskSet(tasks=tasks, splits=splits)
 
