@@ -1,24 +1,29 @@
-"""Learner throughput and memory against a plain transformers forward+backward, side by side.
+"""Learner throughput and memory: shared-prefix groups, bf16 autocast and a bare transformers loop, side by side.
 
-    .venv/bin/python benchmarks/bench_learner.py            # CPU cases, table to docs/bench_learner.md
-    .venv/bin/python benchmarks/bench_learner.py --quick    # smaller batches (smoke run)
+    .venv/bin/python benchmarks/bench_learner.py --threads 2          # CPU cases -> docs/bench_learner.md + .json
+    .venv/bin/python benchmarks/bench_learner.py --quick --threads 2  # small workloads (smoke run)
 
-For each case (a model and a batch of rollouts), one process builds the model once and
-runs the three modes alternately, step by step (A B C A B C ...: load drift on a shared
-machine hits all of them alike), one warm-up step each, then `--steps` timed steps each:
+One process per model (SmolLM2-135M, gpt-oss-mini) builds one `Learner` and runs every
+mode on the same model and the same tokens, alternating mode by mode within each round
+(load drift on a shared machine hits all of them alike):
 
-- ``learner``: `Learner.train_step(groups)` — batching, tempered log-probs, GRPO loss
-  (eqs. 4–7), entropy and clip metrics, gradient clipping, AdamW, scheduler;
-- ``plain``: the same model object built the same way (same attention, gradient
-  checkpointing, micro-batches), ``loss = cross_entropy(logits, targets)`` + backward +
-  AdamW — the cost floor of a training step on these tokens;
-- ``plain-default``: as ``plain`` but with transformers' default attention for the model
-  (eager for gpt-oss: its only exact route with sinks; sdpa for Llama).
+- ``unshared_fp32``: today's step — one padded row per rollout, fp32 (``batch.shared_prefix``
+  off, ``model.dtype float32``); ``unshared_auto``: the same rows under ``dtype auto``;
+- ``shared_fp32``: the group as one row [prefix | suffix_1 | … | suffix_G] (the prompt computed
+  once), fp32; ``shared_auto``: shared rows with ``dtype auto`` (bf16 autocast on AMX CPUs);
+- ``bare_fp32`` / ``bare_bf16``: a bare transformers loop on the unshared rows —
+  ``model(ids).logits`` with the model's default attention (sdpa for Llama, eager for
+  gpt-oss, its only exact path with sinks), cross-entropy over every position, backward,
+  no optimiser, no gradient checkpointing; bf16 = ``torch.autocast(bfloat16)``;
+- ``unshared_fp32_no_ckpt`` (mock-shaped workload only): ``unshared_fp32`` with gradient
+  checkpointing off, to see how much of the gap it is.
 
-tokens/s counts the trained positions (padding excluded) per second of wall time. Peak
-memory per mode: on CUDA, torch.cuda.max_memory_allocated; on CPU, the process's peak
-RSS (VmHWM), reset before each step through /proc/self/clear_refs. All three modes share
-the model, its gradients and the AdamW state, so peak differences are the step's own.
+Every learner mode is a full `Learner.train_step` (GRPO loss, metrics, grad clipping,
+AdamW). Workloads: retail-shaped groups (prefix 5,000 tokens, G = 8 suffixes of 600) and
+mock-shaped (prefix 800, G = 8 × 200); the prefix has loss mask 0, suffixes 1.
+Effective tokens/s = the rollouts' full lengths summed, per second of wall time. Peak
+memory per mode: the process's peak RSS (VmHWM, reset before each step through
+/proc/self/clear_refs) on CPU; torch.cuda.max_memory_allocated on CUDA.
 """
 
 from __future__ import annotations
@@ -53,40 +58,37 @@ GPT_OSS_20B_SHAPED = dict(
 )
 
 
-def cases(quick: bool, cuda: bool) -> dict[str, dict]:
-    """name -> model source, rollouts, tokens per rollout, prompt tokens, micro-batch size."""
-    if cuda:
-        return {
-            "gpt-oss-20b-shaped, 4 layers, 2 x 4096 tok": dict(arch=GPT_OSS_20B_SHAPED, n=2, T=4096, prompt=512, micro=1),
-            "gpt-oss-20b-shaped, 4 layers, 2 x 8192 tok": dict(arch=GPT_OSS_20B_SHAPED, n=2, T=8192, prompt=512, micro=1),
-        }
+WORKLOADS = {"retail": dict(prefix=5000, G=8, suffix=600), "mock": dict(prefix=800, G=8, suffix=200)}
+QUICK_WORKLOADS = {"retail": dict(prefix=1000, G=4, suffix=120), "mock": dict(prefix=200, G=4, suffix=50)}
+
+
+def cases(quick: bool) -> dict[str, dict]:
+    """name -> model source (the workloads run inside each model's worker)."""
     from sinkflex.models import default_model_dir, is_prepared
 
-    out = {
-        "gpt-oss-mini (4 layers, sinks, 8q/1kv heads), 4 x 1024 tok": dict(arch=GPT_OSS_MINI, n=4, T=512 if quick else 1024, prompt=128, micro=2),
-    }
+    out = {}
     smol = default_model_dir("smollm2")
     if is_prepared(smol):
-        out["SmolLM2-135M, 4 x 256 tok"] = dict(path=str(smol), n=4, T=128 if quick else 256, prompt=64, micro=2)
+        out["SmolLM2-135M"] = dict(path=str(smol))
+    out["gpt-oss-mini"] = dict(arch=GPT_OSS_MINI)
     return out
 
 
-def make_groups(n: int, T: int, prompt: int, vocab: int, seed: int = 0):
+def make_group(prefix: int, G: int, suffix: int, vocab: int, seed: int = 0):
+    """One group: a shared random prefix (mask 0), G random suffixes (mask 1, engine log-prob −9)."""
     import torch
 
     from sinkflex.api.common.v1 import common_pb2
 
     g = torch.Generator().manual_seed(seed)
-    groups = []
-    for k in range(0, n, 4):
-        group = common_pb2.TrajectoryGroup(group_id=f"bench-{seed}-{k}")
-        for i in range(min(4, n - k)):
-            ids = torch.randint(0, vocab, (T,), generator=g).tolist()
-            mask = [0] * prompt + [1] * (T - prompt)
-            group.trajectories.add(trajectory_id=f"{k}-{i}", token_ids=ids, loss_mask=mask,
-                                   logprobs=[-9.0 if m else 0.0 for m in mask], reward=float(i % 2))
-        groups.append(group)
-    return groups
+    head = torch.randint(0, vocab, (prefix,), generator=g).tolist()
+    group = common_pb2.TrajectoryGroup(group_id=f"bench-{seed}-{prefix}-{G}-{suffix}")
+    for i in range(G):
+        tail = torch.randint(0, vocab, (suffix,), generator=g).tolist()
+        mask = [0] * prefix + [1] * suffix
+        group.trajectories.add(trajectory_id=f"{seed}-{i}", token_ids=head + tail, loss_mask=mask,
+                               logprobs=[-9.0 if m else 0.0 for m in mask], reward=float(i % 2))
+    return group
 
 
 def _status_gib(field: str) -> float:
@@ -118,126 +120,203 @@ def peak_gib() -> float:
     return _status_gib("VmHWM")
 
 
-def worker(case: dict, steps: int) -> dict:
-    """One process, one model: the modes alternate step by step (A B C A B C ...), so that
-    load drift on a shared machine hits all of them alike; the peak memory is reset before
-    each step and read after it."""
+MODES = ("unshared_fp32", "unshared_auto", "shared_fp32", "shared_auto", "bare_fp32", "bare_bf16")
+
+
+def worker(case: dict, steps: int, quick: bool, only: list[str] | None) -> list[dict]:
+    """One process, one model, every workload and mode (module docstring); returns the raw rows."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
-    from learner_service.batch import micro_batches, num_micro_steps, pack, rollouts_from_group
+    from learner_service.batch import pack, rollouts_from_group
     from learner_service.config import LearnerConfig
+    from learner_service.model import Precision, resolve_precision
     from learner_service.trainer import Learner
 
     model = dict(path=case["path"]) if "path" in case else dict(arch=case["arch"])
-    default_attn = "eager" if case.get("arch", {}).get("model_type") == "gpt_oss" else "sdpa"
+    gpt_oss = case.get("arch", {}).get("model_type") == "gpt_oss"
+    default_attn = "eager" if gpt_oss else "sdpa"
     cfg = LearnerConfig.model_validate(dict(
-        run_dir="/tmp/bench_learner", model=model, tensorboard=False,
-        optim=dict(lr=1e-6), batch=dict(groups_per_step=99, micro_batch_size=case["micro"]),
+        run_dir="/tmp/bench_learner", model=dict(model, dtype="float32"), tensorboard=False,
+        optim=dict(lr=1e-6), batch=dict(groups_per_step=99, micro_batch_size=8),
     ))
     learner = Learner(cfg, metrics=False)
+    auto = resolve_precision(cfg.model.model_copy(update={"dtype": "auto"}), learner.device)
+    fp32 = Precision(torch.float32, None, "benchmark fp32")
     vocab = learner.model.config.vocab_size
-    positions = case["n"] * (case["T"] - 1)
 
-    def plain_step(groups):
+    def bare_step(groups, bf16: bool):
         rollouts = [r for g in groups for r in rollouts_from_group(g)[0]]
-        idx = list(range(len(rollouts)))
-        n_tok = float(sum(int(r.mask_T.sum()) for r in rollouts))
-        for mb in micro_batches(idx, case["micro"], num_micro_steps(len(idx), case["micro"])):
-            b = pack(rollouts, mb).to(learner.device)
-            logits = learner.model(input_ids=b.input_ids_BT, use_cache=False).logits
-            nll = F.cross_entropy(logits.flatten(0, 1).float(), b.target_ids_BT.flatten(), reduction="none")
-            (nll * b.mask_BT.flatten()).sum().div(n_tok).backward()
-            del logits, nll
-        torch.nn.utils.clip_grad_norm_(learner.model.parameters(), 1.0)
-        learner.optimizer.step()
-        learner.optimizer.zero_grad(set_to_none=True)
+        learner.model.gradient_checkpointing_disable()
+        learner.model.set_attn_implementation(default_attn)
+        try:
+            for i in range(len(rollouts)):  # one rollout per forward (memory without checkpointing)
+                b = pack(rollouts, [i]).to(learner.device)
+                ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+                with ctx:
+                    logits = learner.model(input_ids=b.input_ids_BT, use_cache=False).logits
+                F.cross_entropy(logits.flatten(0, 1).float(), b.target_ids_BT.flatten()).backward()
+                del logits
+            learner.model.zero_grad(set_to_none=True)
+        finally:
+            learner.model.set_attn_implementation(cfg.model.attn_implementation)
+            learner.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
-    def run(mode: str, groups) -> tuple[float, float]:
-        learner.model.set_attn_implementation(default_attn if mode == "plain-default" else cfg.model.attn_implementation)
+    def learner_step(groups, shared: bool, precision, ckpt: bool = True):
+        learner.shared_prefix = shared
+        learner.precision = precision
+        # shared rows hold a whole group (micro_batch_size G); unshared rows 2 rollouts per forward
+        learner.cfg = cfg.model_copy(update={"batch": cfg.batch.model_copy(update={"micro_batch_size": 8 if shared else 2})})
+        if not ckpt:
+            learner.model.gradient_checkpointing_disable()
+        try:
+            return learner.train_step(groups)
+        finally:
+            if not ckpt:
+                learner.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def run(mode: str, groups):
         reset_peak()
         t0 = time.perf_counter()
-        (learner.train_step if mode == "learner" else plain_step)(groups)
+        metrics = {}
+        if mode.startswith("bare"):
+            bare_step(groups, bf16=mode == "bare_bf16")
+        else:
+            metrics = learner_step(groups, mode.startswith("shared"), auto if mode.endswith("auto") else fp32,
+                                   ckpt=not mode.endswith("no_ckpt"))
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        return time.perf_counter() - t0, peak_gib()
+        return time.perf_counter() - t0, peak_gib(), metrics
 
-    modes = ("learner", "plain", "plain-default")
-    times: dict[str, list[float]] = {m: [] for m in modes}
-    peaks: dict[str, float] = {m: 0.0 for m in modes}
-    for s in range(steps + 1):  # step 0: warm-up, not timed
-        for m in modes:
-            dt, pk = run(m, make_groups(case["n"], case["T"], case["prompt"], vocab, seed=s))
-            peaks[m] = max(peaks[m], pk)
-            if s > 0:
+    rows = []
+    workloads = QUICK_WORKLOADS if quick else WORKLOADS
+    warm = make_group(64, 2, 16, vocab, seed=99)
+    for m in ("unshared_fp32", "shared_auto", "bare_fp32", "bare_bf16"):
+        run(m, [warm])  # warm-up: allocator, thread pools, kernels (not timed)
+    for wname, w in workloads.items():
+        modes = list(MODES) + (["unshared_fp32_no_ckpt"] if wname == "mock" else [])
+        modes = [m for m in modes if not only or m in only]
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        peaks = {m: 0.0 for m in modes}
+        last: dict[str, dict] = {}
+        eff = w["G"] * (w["prefix"] + w["suffix"])
+        for s in range(steps):
+            for m in modes:
+                dt, pk, met = run(m, [make_group(w["prefix"], w["G"], w["suffix"], vocab, seed=s)])
                 times[m].append(dt)
-    return {m: {"tokens_per_s": positions * steps / sum(times[m]), "step_s": sum(times[m]) / steps, "peak_gib": peaks[m]}
-            for m in modes}
+                peaks[m] = max(peaks[m], pk)
+                last[m] = met
+                print(f"[{case.get('path', 'gpt-oss-mini')}] {wname} {m}: {dt:.1f} s, {eff / dt:.0f} tok/s, "
+                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+        for m in modes:
+            met = last[m]
+            rows.append(dict(
+                workload=wname, mode=m, prefix=w["prefix"], G=w["G"], suffix=w["suffix"], steps=steps,
+                effective_tokens=eff, step_s=sum(times[m]) / steps, tokens_per_s=eff * steps / sum(times[m]),
+                peak_gib=peaks[m], precision=(auto.describe() if m.endswith("auto") else "fp32" if not m.startswith("bare")
+                                              else ("bf16 autocast" if m == "bare_bf16" else "fp32")),
+                logprob_mismatch_mean=met.get("logprob_mismatch_mean"), logprob_mismatch_max=met.get("logprob_mismatch_max"),
+                positions_computed=met.get("positions_computed"), shared_prefix_rows=met.get("shared_prefix_rows"),
+                load_avg=os.getloadavg()[0],
+            ))
+    return rows
 
 
-def run_case(name: str, case: dict, steps: int, threads: int) -> dict[str, dict]:
+def run_case(name: str, case: dict, steps: int, threads: int, quick: bool, only: list[str] | None) -> list[dict]:
     cmd = [sys.executable, __file__, "--worker", "--case", json.dumps(case), "--steps", str(steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    cmd += ["--quick"] if quick else []
+    cmd += ["--only", ",".join(only)] if only else []
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
     if proc.returncode != 0:
-        print(proc.stderr[-3000:], file=sys.stderr)
-        err = {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]}
-        return {m: err for m in ("learner", "plain", "plain-default")}
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"[{name}] {res}", file=sys.stderr, flush=True)
-    return res
+        return [dict(model=name, error=f"worker exit {proc.returncode}")]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [dict(r, model=name) for r in rows]
 
 
-def table(results: dict[str, dict[str, dict]], cuda: bool) -> str:
-    mem = "peak GPU GiB" if cuda else "peak RSS GiB"
+def table(rows: list[dict]) -> str:
     lines = [
-        f"| case | learner tok/s | plain fwd+bwd tok/s (same attention) | **ratio** | plain, transformers default attention tok/s | learner {mem} | plain {mem} | default-attn {mem} |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | workload | mode | precision | effective tok/s | step s | vs unshared_fp32 | peak RSS GiB |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
-
-    def fmt_mem(r):
+    base = {(r["model"], r["workload"]): r["tokens_per_s"] for r in rows if r.get("mode") == "unshared_fp32"}
+    for r in rows:
         if "error" in r:
-            return r["error"]
-        return f"{r['peak_gib']:.2f}"
-
-    for name, res in results.items():
-        lrn, pl, dflt = res["learner"], res["plain"], res["plain-default"]
-        ratio = lrn["tokens_per_s"] / pl["tokens_per_s"] if "error" not in lrn and "error" not in pl else float("nan")
-        tok = lambda r: f"{r['tokens_per_s']:.0f}" if "error" not in r else r["error"]  # noqa: E731
-        lines.append(f"| {name} | {tok(lrn)} | {tok(pl)} | **{ratio:.2f}** | {tok(dflt)} | {fmt_mem(lrn)} | {fmt_mem(pl)} | {fmt_mem(dflt)} |")
+            lines.append(f"| {r['model']} | – | – | – | {r['error']} | | | |")
+            continue
+        ref = base.get((r["model"], r["workload"]))
+        rel = f"{r['tokens_per_s'] / ref:.2f}×" if ref else "–"
+        lines.append(f"| {r['model']} | {r['workload']} ({r['prefix']} + {r['G']} × {r['suffix']}) | {r['mode']} | "
+                     f"{r['precision']} | {r['tokens_per_s']:.0f} | {r['step_s']:.1f} | {rel} | {r['peak_gib']:.2f} |")
     return "\n".join(lines)
+
+
+def ratios(rows: list[dict], model: str = "SmolLM2-135M") -> dict[str, float | None]:
+    """The issue's ratios for `model` (None where a mode is missing)."""
+    t = {(r["workload"], r["mode"]): r["tokens_per_s"] for r in rows if r.get("model") == model and "error" not in r}
+
+    def q(a, b):
+        return t[a] / t[b] if a in t and b in t else None
+
+    return {
+        "retail_shared_auto_vs_unshared_fp32": q(("retail", "shared_auto"), ("retail", "unshared_fp32")),
+        "retail_shared_fp32_vs_unshared_fp32": q(("retail", "shared_fp32"), ("retail", "unshared_fp32")),
+        "unshared_vs_bare_fp32": q(("retail", "unshared_fp32"), ("retail", "bare_fp32")),
+        "unshared_vs_bare_bf16": q(("retail", "unshared_auto"), ("retail", "bare_bf16")),
+        "mock_shared_auto_vs_unshared_fp32": q(("mock", "shared_auto"), ("mock", "unshared_fp32")),
+        "mock_unshared_vs_bare_fp32": q(("mock", "unshared_fp32"), ("mock", "bare_fp32")),
+        "mock_no_ckpt_vs_ckpt_fp32": q(("mock", "unshared_fp32_no_ckpt"), ("mock", "unshared_fp32")),
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (1: stable on a shared machine)")
+    p.add_argument("--steps", type=int, default=1, help="timed rounds per workload (after one small warm-up)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads per worker")
+    p.add_argument("--models", default="", help="comma-separated subset of the model names")
+    p.add_argument("--only", default="", help="comma-separated subset of the modes")
     p.add_argument("--out", default=str(REPO / "docs" / "bench_learner.md"))
+    p.add_argument("--json", default=str(REPO / "docs" / "bench_learner.json"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    only = [m for m in args.only.split(",") if m] or None
     if args.worker:
-        print(json.dumps(worker(json.loads(args.case), args.steps)))
+        print(json.dumps(worker(json.loads(args.case), args.steps, args.quick, only)))
         return
     import torch
 
-    cuda = torch.cuda.is_available()
-    results = {name: run_case(name, c, args.steps, args.threads) for name, c in cases(args.quick, cuda).items()}
-    device = torch.cuda.get_device_name() if cuda else f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
-    load = os.getloadavg()
-    body = table(results, cuda)
+    from learner_service.model import cpu_has_fast_bf16
+
+    load0 = os.getloadavg()
+    wanted = [m for m in args.models.split(",") if m]
+    rows: list[dict] = []
+    for name, c in cases(args.quick).items():
+        if not wanted or name in wanted:
+            rows += run_case(name, c, args.steps, args.threads, args.quick, only)
+    load1 = os.getloadavg()
+    device = f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), fast bf16: {cpu_has_fast_bf16()}"
+    body = table(rows)
     print(body)
+    rat = ratios(rows)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    Path(args.json).write_text(json.dumps(dict(
+        date=stamp, device=device, torch=torch.__version__, threads=args.threads, steps=args.steps, quick=args.quick,
+        load_avg_start=load0, load_avg_end=load1, rows=rows, ratios=rat), indent=1) + "\n")
     header = (
-        f"## {'GPU' if cuda else 'CPU'}: {device}, torch {torch.__version__}, fp{'16 (bf16)' if cuda else '32'}\n\n"
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.steps} timed steps per mode after one warm-up, "
-        f"modes alternating step by step in one process, {args.threads} CPU thread(s); load average at the end {load[0]:.1f} (shared machine).\n\n"
+        f"## {device}, torch {torch.__version__}\n\n"
+        f"{stamp}; {args.steps} timed round(s) per workload after a small warm-up, modes alternating in one process, "
+        f"{args.threads} CPU thread(s); load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end (shared machine).\n\n"
     )
+    rat_md = "\n".join(f"- `{k}`: {'–' if v is None else f'{v:.2f}'}" for k, v in rat.items())
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    intro = "" if out.exists() else (Path(__file__).read_text().split('"""')[1].strip().replace("\n\n", "\n\n", 1) + "\n\n")
-    with open(out, "a") as f:
-        f.write(("# Learner benchmark\n\n" + intro if intro else "") + header + body + "\n\n")
+    text = out.read_text() if out.exists() else ""
+    keep = text.split("\n## ")[0] if text.startswith("# Learner benchmark") else "# Learner benchmark\n"
+    out.write_text(keep.rstrip() + "\n\n" + header + body + "\n\nRatios (SmolLM2-135M):\n\n" + rat_md + "\n")
 
 
 if __name__ == "__main__":

@@ -123,12 +123,13 @@ def grpo_loss(
         raise ValueError(f"bad clip: eps_low={clip_eps_low} (need 0 <= eps_low < 1), eps_high={eps_high}")
 
     m_BT = mask_BT.bool()
-    logp_BT = logp_BT.float()
+    math = torch.float64 if logp_BT.dtype == torch.float64 else torch.float32  # fp32 at least, fp64 kept (exactness tests)
+    logp_BT = logp_BT.to(math)
     # Masked positions use log-ratio 0 so that exp() never sees garbage from padding.
-    log_ratio_BT = torch.where(m_BT, logp_BT - old_logp_BT.detach().float(), torch.zeros_like(logp_BT))
+    log_ratio_BT = torch.where(m_BT, logp_BT - old_logp_BT.detach().to(math), torch.zeros_like(logp_BT))
     log_ratio_BT = log_ratio_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # ρ stays finite
     ratio_BT = torch.exp(log_ratio_BT)  # ρ, eq. (5)
-    adv = adv_B.detach().float()
+    adv = adv_B.detach().to(math)
     adv_BT = adv[:, None].expand_as(ratio_BT) if adv.dim() == 1 else adv  # eq. (4)
     unclipped_BT = ratio_BT * adv_BT
     clipped_BT = torch.clamp(ratio_BT, 1.0 - clip_eps_low, 1.0 + eps_high) * adv_BT
@@ -138,7 +139,7 @@ def grpo_loss(
     kl_BT = torch.zeros_like(pg_BT)
     if beta > 0:
         # k3 = r − 1 − log r with r = π_ref/π_θ; expm1 keeps small |log r| exact.
-        log_r_BT = torch.where(m_BT, ref_logp_BT.detach().float() - logp_BT, torch.zeros_like(logp_BT))
+        log_r_BT = torch.where(m_BT, ref_logp_BT.detach().to(math) - logp_BT, torch.zeros_like(logp_BT))
         log_r_BT = log_r_BT.clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
         kl_BT = torch.expm1(log_r_BT) - log_r_BT
         loss_BT = pg_BT + beta * kl_BT  # eq. (7)

@@ -19,8 +19,10 @@ class EngineConfig(StrictModel):
     model: str
     """A transformers-format folder (e.g. `sinkflex-rl models prepare smollm2`)."""
 
-    dtype: str = "float32"
-    """Engine dtype; float32 keeps engine log-probs closest to transformers re-scoring on CPU."""
+    dtype: str = "auto"
+    """Engine dtype. auto: bfloat16 on a CPU with fast bf16 (AMX / avx512_bf16), the rule of the
+    learner's model.dtype auto; float32 on other CPUs; vLLM's auto on CUDA. float32 keeps engine
+    log-probs closest to an fp32 learner (see docs/bench_learner.md for the mismatch)."""
 
     max_model_len: int = Field(8192, ge=256)
     """Context length of the engine in tokens."""

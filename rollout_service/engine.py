@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -65,12 +66,43 @@ class Generation:
         return self.finish_reason == "length"
 
 
+def cpu_has_fast_bf16() -> bool:
+    """AMX-BF16 / AVX512-BF16 in /proc/cpuinfo (``SINKFLEX_CPU_BF16=0/1`` overrides): the
+    learner's rule (learner_service.model.cpu_has_fast_bf16), repeated so that the rollout
+    service does not import the learner."""
+    forced = os.environ.get("SINKFLEX_CPU_BF16")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_engine_dtype(dtype: str) -> str:
+    """``auto`` → on CUDA vLLM's own auto (the checkpoint's dtype); on CPU bfloat16 where the
+    CPU has fast bf16 (AMX / avx512_bf16), float32 elsewhere. Other names pass through."""
+    if dtype != "auto":
+        return dtype
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "auto"
+    except ImportError:
+        pass
+    return "bfloat16" if cpu_has_fast_bf16() else "float32"
+
+
 class Engine:
     """One vLLM AsyncLLM engine on a background event loop.
 
     Args:
         model: a transformers-format folder (safetensors + tokenizer).
-        dtype: model dtype in the engine ("float32" matches transformers re-scoring best on CPU).
+        dtype: model dtype in the engine; "auto" (`resolve_engine_dtype`): bfloat16 on CPUs with
+            fast bf16 (as the learner's dtype auto), float32 on other CPUs, vLLM's auto on CUDA.
         max_model_len: context length in tokens.
         kv_cache_gib: KV-cache memory (on CPU, the only safe way to size it on a shared machine).
         policy_version: version of the weights in `model`.
@@ -81,7 +113,7 @@ class Engine:
         RuntimeError: the engine process failed to start.
     """
 
-    def __init__(self, model: str | Path, dtype: str = "float32", max_model_len: int = 8192,
+    def __init__(self, model: str | Path, dtype: str = "auto", max_model_len: int = 8192,
                  kv_cache_gib: float = 1.0, policy_version: int = 0, enforce_eager: bool = True,
                  seed: int = 0, enable_prefix_caching: bool = True):
         self.model = str(model)
@@ -95,8 +127,10 @@ class Engine:
         self.loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="rollout-io"))
         self._thread = threading.Thread(target=self.loop.run_forever, name="rollout-engine-loop", daemon=True)
         self._thread.start()
+        self.dtype = resolve_engine_dtype(dtype)
+        log.info("engine dtype %s (configured %s)", self.dtype, dtype)
         self._engine_kwargs = dict(
-            model=self.model, dtype=dtype, max_model_len=max_model_len,
+            model=self.model, dtype=self.dtype, max_model_len=max_model_len,
             kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)), enforce_eager=enforce_eager, seed=seed,
             logprobs_mode="processed_logprobs", enable_prefix_caching=enable_prefix_caching,
             disable_log_stats=True,

@@ -1,0 +1,215 @@
+"""Shared-prefix groups: the mask, the packing, and exactness against unshared rows (tiny models, CPU).
+
+Float64 exactness needs float64 throughout: transformers' RMSNorms compute in float32
+whatever the model dtype, so the `float64_norms` fixture lets them keep float64 inputs
+(the only change to the models), and gpt-oss's experts run eagerly (grouped_mm has no float64).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from learner_service.batch import common_prefix_len, pack_shared, rollouts_from_group
+from learner_service.loss import grpo_loss
+from learner_service.trainer import Learner
+from sinkflex.attention import generate_shared_prefix
+from sinkflex.attention.blockwise import blockwise_sink_attention
+from sinkflex.attention.reference import reference_sink_attention
+from tests.fixtures.learner import TINY_GPT_OSS, TINY_LLAMA, learner_config, make_group
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+GPT_OSS_F64 = dict(TINY_GPT_OSS, experts_implementation="eager")  # window 4 < the prefix below
+
+
+@pytest.fixture
+def float64_norms(monkeypatch):
+    from transformers.models.gpt_oss import modeling_gpt_oss as mg
+    from transformers.models.llama import modeling_llama as ml
+
+    for cls in (ml.LlamaRMSNorm, mg.GptOssRMSNorm):
+        orig = cls.forward
+
+        def forward(self, x, _orig=orig):
+            if x.dtype != torch.float64:
+                return _orig(self, x)
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+        monkeypatch.setattr(cls, "forward", forward)
+
+
+def _layout(P, lengths):
+    seg = [0] * P + [s + 1 for s, n in enumerate(lengths) for _ in range(n)]
+    return torch.tensor([seg])
+
+
+def _alone_dense(P, lengths, window):
+    """The mask built the slow way: each rollout alone, causal (+ window) on its own positions."""
+    N = P + sum(lengths)
+    allowed = torch.zeros(N, N, dtype=torch.bool)
+    cols = []
+    a = P
+    for n in lengths:
+        cols.append(list(range(P)) + list(range(a, a + n)))  # packed columns of rollout s, in order
+        a += n
+    for rollout_cols in cols:
+        for i, qi in enumerate(rollout_cols):
+            for j, kj in enumerate(rollout_cols[: i + 1]):
+                if window is None or j > i - window:
+                    allowed[qi, kj] = True
+    return allowed
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 8])
+def test_mask_is_each_rollout_alone(window):
+    P, lengths = 6, [4, 0, 5, 2]
+    spec = generate_shared_prefix(_layout(P, lengths), window=window)
+    N = P + sum(lengths)
+    assert torch.equal(spec.dense(1, N, N, torch.device("cpu"))[0], _alone_dense(P, lengths, window))
+    # tile hints: intervals cover every allowed key and never another suffix; full tiles are full
+    dense = _alone_dense(P, lengths, window)
+    for q0 in range(N):
+        for q1 in range(q0 + 1, min(q0 + 5, N) + 1):
+            ivs = spec.key_intervals(q0, q1, N)
+            covered = torch.zeros(N, dtype=torch.bool)
+            for lo, hi in ivs:
+                covered[lo:hi] = True
+            assert not (dense[q0:q1].any(0) & ~covered).any(), (q0, q1, ivs)
+            for k0 in range(N):
+                for k1 in range(k0 + 1, min(k0 + 4, N) + 1):
+                    if spec.tile_is_full(q0, q1, k0, k1):
+                        assert dense[q0:q1, k0:k1].all(), (q0, q1, k0, k1)
+    # a query of suffix 3 never visits suffix 1's keys
+    a3 = P + lengths[0] + lengths[1]
+    for lo, hi in spec.key_intervals(a3, a3 + lengths[2], N):
+        assert hi <= P or lo >= a3
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("tile", [1, 2, 5, 64])
+def test_blockwise_matches_reference_float64(window, tile):
+    P, lengths = 7, [5, 3, 6]
+    N = P + sum(lengths)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, N, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, N, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, N, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    sinks = torch.randn(4, dtype=torch.float64, generator=g, requires_grad=True)
+    spec = generate_shared_prefix(_layout(P, lengths), window=window)
+    ref = reference_sink_attention(q, k, v, sinks, spec, 0.3)[0]
+    out = blockwise_sink_attention(q, k, v, sinks, spec, 0.3, q_tile=tile, kv_tile=tile + 1)
+    w = torch.randn(ref.shape, dtype=torch.float64, generator=g)
+    g_ref = torch.autograd.grad((ref * w).sum(), (q, k, v, sinks))
+    g_out = torch.autograd.grad((out * w).sum(), (q, k, v, sinks))
+    assert (out - ref).abs().max() <= 1e-12
+    assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_out)) <= 1e-12
+
+
+def test_sdpa_route_matches_reference_float64():
+    from sinkflex.attention.hf import _sdpa_shared_prefix
+
+    P, lengths = 5, [3, 4, 1]
+    N = P + sum(lengths)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, h, N, 8, dtype=torch.float64, generator=g, requires_grad=True) for h in (4, 2, 2))
+    spec = generate_shared_prefix(_layout(P, lengths))
+    ref = reference_sink_attention(q, k, v, None, spec, 0.35)[0]
+    out = _sdpa_shared_prefix(q, k, v, 0.35, spec._cache["shared_prefix"])
+    assert (out - ref).abs().max() <= 1e-12
+    g_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    g_out = torch.autograd.grad(out.square().sum(), (q, k, v))
+    assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_out)) <= 1e-12
+
+
+def _groups():
+    # prompts of 9 tokens (longer than gpt-oss's window 4), suffixes of different lengths; the
+    # generated tokens start right after the prompt, so the last prefix position has G targets.
+    return [
+        make_group("a", [0.0, 1.0, 0.3, 0.7], seed=4, prompt_len=9, lengths=[14, 20, 12, 17]),
+        make_group("b", [1.0, 0.0, 0.5], seed=5, prompt_len=9, lengths=[15, 11, 10]),
+    ]
+
+
+def test_pack_shared_layout_and_fallback():
+    rollouts, _ = rollouts_from_group(_groups()[0])
+    idx = list(range(len(rollouts)))
+    assert common_prefix_len(rollouts, idx) == 9
+    pb = pack_shared(rollouts, idx, min_prefix=1)
+    assert pb.prefix_len == 9 and pb.positions_computed == 9 + sum(r.num_positions - 9 for r in rollouts)
+    # position ids continue from the prefix in every suffix
+    pos, seg = pb.position_ids_BN[0], pb.segment_ids_BN[0]
+    for s in range(1, 5):
+        assert pos[seg == s].tolist() == list(range(9, 9 + int((seg == s).sum())))
+    # the last prefix position: one logits row, one pick per rollout, each with its own target
+    boundary = pb.src_RT[:, 8]
+    assert len(set(boundary.tolist())) == 4
+    assert len(set(pb.pick_row_K[boundary].tolist())) == 1
+    assert pb.pick_target_K[boundary].tolist() == [int(r.token_ids_T[9]) for r in rollouts]
+    assert pack_shared(rollouts, idx, min_prefix=10) is None  # too short to pay
+    assert pack_shared(rollouts, idx[:1]) is None  # nothing to share
+
+
+def _loss_and_grads(arch, dtype, shared, groups, gc=False):
+    cfg = learner_config("/tmp/unused", arch, batch=dict(shared_prefix=shared, shared_prefix_min_tokens=1, micro_batch_size=8),
+                         model=dict(arch=arch, attn_implementation="sinkflex", seed=0, dtype=dtype, gradient_checkpointing=gc))
+    learner = Learner(cfg, metrics=False)
+    rollouts, _, _ = learner.prepare(groups)
+    idx = list(range(len(rollouts)))
+    n_tokens = float(sum(int(r.mask_T.sum()) for r in rollouts))
+    units, stats = learner._micro_batches(rollouts, idx)
+    logp, total = {}, 0.0
+    for unit in units:
+        pb = learner._picked(rollouts, unit)
+        logp_RT, _ = learner._forward_picks(learner.model, pb)
+        loss, _ = grpo_loss(logp_RT, pb.old_logp_RT, pb.adv_RT, pb.mask_RT, n_tokens)
+        loss.backward()
+        total += loss.item()
+        for i, r, _ in pb.segments:
+            logp[i] = torch.where(rollouts[i].mask_T, logp_RT[r, : rollouts[i].num_positions].detach(), 0)
+    grads = {k: p.grad.detach().double().clone() for k, p in learner.model.named_parameters()}
+    return {i: v.double() for i, v in logp.items()}, total, grads, stats
+
+
+def _max_diff(a, b):
+    lp = max((a[0][i] - b[0][i]).abs().max().item() for i in a[0])
+    gr = max((a[2][k] - b[2][k]).abs().max().item() for k in a[2])
+    return max(lp, abs(a[1] - b[1]), gr)
+
+
+@pytest.mark.parametrize("arch", [TINY_LLAMA, GPT_OSS_F64], ids=["llama", "gpt_oss"])
+def test_shared_equals_unshared(arch, float64_norms):
+    groups = _groups()
+    ref64 = _loss_and_grads(arch, "float64", False, groups)
+    sh64 = _loss_and_grads(arch, "float64", True, groups, gc=True)
+    assert sh64[3]["shared_prefix_rows"] == 2 and ref64[3]["shared_prefix_rows"] == 0
+    assert _max_diff(ref64, sh64) <= 1e-10
+    # float32: the shared error against float64 is within twice the unshared float32 error
+    un32 = _loss_and_grads(arch, "float32", False, groups)
+    sh32 = _loss_and_grads(arch, "float32", True, groups)
+    for part in (0, 2):
+        e_un = _max_diff((un32[0], 0.0, un32[2]), (ref64[0], 0.0, ref64[2]))
+        e_sh = _max_diff((sh32[0], 0.0, sh32[2]), (ref64[0], 0.0, ref64[2]))
+    assert e_sh <= 2 * e_un + 1e-7, (e_sh, e_un)
+    assert abs(sh32[1] - ref64[1]) <= 2 * abs(un32[1] - ref64[1]) + 1e-7
+
+
+def test_train_step_reports_sharing_and_falls_back(tmp_path, float64_norms):
+    over = dict(model=dict(arch=TINY_LLAMA, attn_implementation="sinkflex", seed=0, dtype="float64"),
+                optim=dict(lr=1e3, eps=1e3, max_grad_norm=None))
+    out = []
+    for shared in (False, True):
+        learner = Learner(learner_config(tmp_path / str(shared), TINY_LLAMA, batch=dict(
+            shared_prefix=shared, shared_prefix_min_tokens=1, micro_batch_size=8), **over), metrics=False)
+        m = learner.train_step(_groups())
+        out.append((m, {k: v.detach().clone() for k, v in learner.model.state_dict().items()}))
+    (m_un, w_un), (m_sh, w_sh) = out
+    assert m_sh["shared_prefix_rows"] == 2 and m_un["shared_prefix_rows"] == 0
+    assert m_sh["positions_computed"] < m_un["positions_computed"] == m_un["positions_trained"] == m_sh["positions_trained"]
+    assert abs(m_sh["loss"] - m_un["loss"]) <= 1e-10
+    assert max((w_un[k] - w_sh[k]).abs().max().item() for k in w_un) <= 1e-9
+    # a prefix shorter than the threshold: unshared rows, counted
+    learner = Learner(learner_config(tmp_path / "fb", TINY_LLAMA, batch=dict(shared_prefix_min_tokens=64, micro_batch_size=8)),
+                      metrics=False)
+    m = learner.train_step(_groups())
+    assert m["shared_prefix_rows"] == 0 and m["shared_prefix_fallback_groups"] == 2
