@@ -23,6 +23,7 @@ RUN python /tmp/build/requirements.py env cpu --pyproject /tmp/build/pyproject.t
 COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY sinkflex ./sinkflex
+COPY tau2_adapter ./tau2_adapter
 COPY driver ./driver
 # every service package: sinkflex-service derives this service's config from the
 # experiment file with driver.config, which reads each service's config model

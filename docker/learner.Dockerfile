@@ -57,6 +57,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY sinkflex ./sinkflex
+COPY tau2_adapter ./tau2_adapter
 COPY driver ./driver
 # every service package: sinkflex-service derives this service's config from the
 # experiment file with driver.config, which reads each service's config model
