@@ -12,7 +12,7 @@ something inconsistent is an error that names the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
@@ -48,6 +48,37 @@ class TaskConfig(StrictModel):
     """Train only on these tasks (default: the whole train split, in a seeded shuffled order)."""
     solo_mode: bool = False
     """The agent acts alone (no user simulator), where the environment supports it."""
+    task_files: list[str] = []
+    """Extra task sets for `env` in τ²-Bench's own format (folders with tasks.json and
+    split_tasks.json, docs/tasks.md), served by the env and reward services besides the tasks
+    τ²-Bench ships; their splits can be named in train_split / eval_split."""
+    generate: Optional["GenerateConfig"] = None
+    """Generate a mock-domain task set into <run dir>/tasks at start (if not there yet) and
+    add it to task_files (`sinkflex-rl tasks generate`)."""
+
+
+class GenerateConfig(StrictModel):
+    """A generated task set (tau2_adapter.generate): splits "train" and "test"."""
+
+    domain: Literal["mock"] = "mock"
+    """The domain to generate for (the generator knows τ²-Bench's mock domain)."""
+    train: int = Field(200, ge=1)
+    test: int = Field(64, ge=1)
+    seed: int = 0
+
+
+class WarmStartSettings(StrictModel):
+    """Supervised warm start from the train split's golden actions, before GRPO (driver/warm_start.py,
+    learner_service/sft.py). Its result is published as policy version 1; RL step N gives version N + 1."""
+
+    enabled: bool = False
+    demonstrations: int = Field(0, ge=0)
+    """Train tasks to demonstrate (the first N of the seeded shuffled train split); 0: all."""
+    epochs: int = Field(2, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    batch_size: int = Field(8, ge=1)
+    """Demonstrations per optimiser step."""
+    warmup_steps: int = Field(0, ge=0)
 
 
 class RolloutSettings(StrictModel):
@@ -115,6 +146,9 @@ class LocalConfig(StrictModel):
     """On stop the learner finishes its step and checkpoints; SIGKILL after this many seconds."""
 
 
+TaskConfig.model_rebuild()
+
+
 class TrainConfig(StrictModel):
     """The whole experiment (see the module docstring)."""
 
@@ -125,6 +159,7 @@ class TrainConfig(StrictModel):
     models: ModelsConfig = ModelsConfig()
     services: ServicesConfig = ServicesConfig()
     local: LocalConfig = LocalConfig()
+    warm_start: WarmStartSettings = WarmStartSettings()
     env_service: dict[str, Any] = {}
     """EnvServiceConfig fields (env_service/config.py)."""
     reward_service: dict[str, Any] = {}
@@ -143,14 +178,23 @@ class TrainConfig(StrictModel):
         gps = (self.learner.get("batch") or {}).get("groups_per_step")
         if gps is not None and gps != self.task.tasks_per_step:
             raise ValueError(f"learner.batch.groups_per_step ({gps}) must equal task.tasks_per_step ({self.task.tasks_per_step})")
+        if self.task.generate is not None and self.task.generate.domain != self.task.env:
+            raise ValueError(f"task.generate.domain ({self.task.generate.domain}) must equal task.env ({self.task.env})")
+        if self.warm_start.enabled and (self.learner.get("warm_start") or {}):
+            raise ValueError("set the warm start in the warm_start section, not in learner.warm_start (the driver fills it in)")
         if self.task.solo_mode is False and self.models.user_simulator is None and not self.services.external():
             raise ValueError("models.user_simulator is required unless task.solo_mode is true")
         return self
 
 
 def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str], redis_url: str, user_base_url: str | None,
-                    user_model: str = "openai/user-sim") -> dict[str, Any]:
+                    user_model: str = "openai/user-sim", task_files: list[str] | None = None,
+                    demonstrations: str | None = None) -> dict[str, Any]:
     """The validated config object of each locally launched service.
+
+    Args:
+        task_files: the experiment's task folders (default: task.task_files).
+        demonstrations: the warm start's demonstration file (learner.warm_start.demonstrations).
 
     Returns {"env_service": EnvServiceConfig, "reward_service": RewardServiceConfig,
     "rollout_service": RolloutConfig, "learner": LearnerConfig}.
@@ -164,7 +208,13 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
     from rollout_service.config import RolloutConfig
 
     run_dir = cfg.run.dir()
-    env = merge_dicts({"domains": [cfg.task.env]}, cfg.env_service)
+    files = list(cfg.task.task_files if task_files is None else task_files)
+    env_defaults: dict[str, Any] = {"domains": [cfg.task.env]}
+    reward_defaults: dict[str, Any] = {}
+    if files:
+        env_defaults["task_files"] = {cfg.task.env: files}
+        reward_defaults["task_files"] = {cfg.task.env: files}
+    env = merge_dicts(env_defaults, cfg.env_service)
     if user_base_url:
         env = merge_dicts({"user_model": user_model, "user_base_url": user_base_url}, env)
     rollout = merge_dicts(
@@ -195,9 +245,14 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
         },
         cfg.learner,
     )
+    if cfg.warm_start.enabled:
+        w = cfg.warm_start
+        learner = merge_dicts(learner, {"warm_start": {"demonstrations": demonstrations, "epochs": w.epochs, "lr": w.lr,
+                                                       "batch_size": w.batch_size, "warmup_steps": w.warmup_steps}})
     return {
         "env_service": validate_config(env, EnvServiceConfig, source="env_service"),
-        "reward_service": validate_config(cfg.reward_service, RewardServiceConfig, source="reward_service"),
+        "reward_service": validate_config(merge_dicts(reward_defaults, cfg.reward_service), RewardServiceConfig,
+                                          source="reward_service"),
         "rollout_service": validate_config(rollout, RolloutConfig, source="rollout_service"),
         "learner": validate_config(learner, LearnerConfig, source="learner"),
     }

@@ -1,13 +1,23 @@
 """The training controller: drives rollouts, waits for the learner, validates, reports.
 
-One step of the loop (on-policy, synchronous, as in the paper's VERL-style dataflow):
+Before RL, with a warm start (`warm_start.enabled`): validate the base model (policy
+version 0) while the learner trains on the demonstrations, wait until the rollout engine
+serves the warm-start policy (version 1), validate it. Then one RL step of the loop
+(on-policy, synchronous, as in the paper's VERL-style dataflow):
 
+    wait until the rollout engine serves version v            # never sample with stale weights
     tasks  = the next `tasks_per_step` tasks of the train split (seeded shuffle, cycled)
     groups = RolloutService.Rollout(tasks, G, publish=True)   # scored groups → Redis stream
     wait until LearnerService.Status().policy_version > v     # the learner consumed them,
                                                               # took a GRPO step, wrote
                                                               # policy/v{v+1}, called UpdateWeights
     every N steps: Rollout(eval tasks, trials, publish=False) → mean@1 ± CI, pass^k
+
+Validation reports τ²-Bench's own reward (never a shaped one): mean@1 = the mean over
+tasks of each task's mean reward over its trials, with a Student-t 95 % interval over
+tasks; pass^k for k = 1..trials; each validation's per-task rewards are written to
+<run dir>/validation/<label>.json so that two validations can be compared paired over the
+same tasks (`paired_difference`).
 
 The controller owns no model and no tensor: it talks to services over gRPC only, so the
 same loop drives local processes and a cluster. The learner is the source of truth for
@@ -16,11 +26,13 @@ the policy version; a re-run resumes from the learner's checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from tqdm.auto import tqdm
@@ -62,6 +74,8 @@ class Controller:
         self.learner = learner_pb2_grpc.LearnerServiceStub(self._channels["learner"])
         self.metrics = MetricsWriter(cfg.run.dir())
         self.groups_published = 0
+        #: policy version RL starts from: 1 after a warm start (its published policy), else 0
+        self.v0 = 1 if cfg.warm_start.enabled else 0
 
     def close(self) -> None:
         self.metrics.close()
@@ -97,6 +111,24 @@ class Controller:
         if latest.policy_version > engine.policy_version and latest.location:
             log.info("rollout engine at v%d, learner at v%d: loading %s", engine.policy_version, latest.policy_version, latest.location)
             self.rollout.UpdateWeights(rollout_pb2.UpdateWeightsRequest(policy_version=latest.policy_version, location=latest.location), timeout=600)
+
+    def wait_for_engine(self, version: int) -> None:
+        """Blocks until the rollout engine serves policy `version` (the learner's UpdateWeights landed)."""
+        deadline = time.monotonic() + self.cfg.run.step_timeout_s
+        while True:
+            self.alive_check()
+            try:
+                served = self.rollout.Status(rollout_pb2.StatusRequest(), timeout=30).policy_version
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    raise
+                served = -1
+            if served >= version:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the rollout engine did not serve policy version {version} within "
+                                   f"{self.cfg.run.step_timeout_s:.0f}s (serves v{served})")
+            time.sleep(0.5)
 
     def run_rollouts(self, task_ids: list[str], group_size: int, temperature: float, publish: bool, desc: str) -> list[common_pb2.TrajectoryGroup]:
         r = self.cfg.rollout
@@ -144,42 +176,67 @@ class Controller:
             time.sleep(0.5)
 
     # -- the loop ------------------------------------------------------------------------
-    def validate(self, step: int) -> dict[str, float]:
+    def validate(self, label: str, version: int) -> dict[str, float]:
+        """Validation of the policy the engine serves (`version`) on the eval split; `label` names it
+        ("base", "warm_start", "step N"). Writes a "val" record at step = `version` and
+        <run dir>/validation/<label>.json."""
         v = self.cfg.validation
         tasks = self.eval_tasks()
-        groups = self.run_rollouts(tasks, v.trials, v.temperature, publish=False, desc=f"validation @ v{step}")
+        groups = self.run_rollouts(tasks, v.trials, v.temperature, publish=False, desc=f"validation ({label}, v{version})")
+        per_task_rewards: dict[str, list[float]] = defaultdict(list)
         per_task = defaultdict(list)
-        first = []
         for g in groups:
-            for i, t in enumerate(g.trajectories):
+            for t in g.trajectories:
                 per_task[g.task_id].append(t.reward >= 1.0 - 1e-6)
-                if i == 0:
-                    first.append(t.reward)
-        m, lo, hi = mean_ci(first)
-        record = {"mean_at_1": m, "ci_low": lo, "ci_high": hi, "tasks": len(tasks)}
+                per_task_rewards[g.task_id].append(float(t.reward))
+        task_means = [sum(r) / len(r) for r in per_task_rewards.values()]
+        m, lo, hi = mean_ci(task_means)
+        record = {"mean_at_1": m, "ci_low": lo, "ci_high": hi, "tasks": len(tasks), "trials": v.trials,
+                  "policy_version": version}
         for k in range(1, v.trials + 1):
             record[f"pass_hat_{k}"] = pass_hat_k(per_task, k)
-        self.metrics.write("val", step, record)
-        log.info("validation @ v%d: mean@1 %.3f [%.3f, %.3f] on %d tasks", step, m, lo, hi, len(tasks))
+        self.metrics.write("val", version, record)
+        out = validation_dir(self.cfg.run.dir()) / f"{label.replace(' ', '_')}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"after": label, **record, "per_task": dict(per_task_rewards)}, indent=1))
+        log.info("validation (%s, v%d): mean@1 %.3f [%.3f, %.3f] on %d tasks x %d trials", label, version, m, lo, hi,
+                 len(tasks), v.trials)
         return record
 
+    def warm_start(self, version: int) -> int:
+        """Validates the base model and the warm-start policy (as far as not done yet); returns the version."""
+        val = self.cfg.validation.every_steps > 0
+        done = {p.stem for p in validation_dir(self.cfg.run.dir()).glob("*.json")}
+        if version == 0:
+            if val and "base" not in done:
+                self.validate("base", 0)  # the learner trains on the demonstrations meanwhile
+            version = self.wait_for_version(self.v0).policy_version
+        self.wait_for_engine(self.v0)
+        if val and "warm_start" not in done:
+            self.validate("warm_start", self.v0)
+        return version
+
     def run(self) -> int:
-        """Trains until the learner's policy version reaches `run.steps`. Returns that version."""
+        """Trains until the learner's policy version reaches `v0 + run.steps`. Returns that version."""
         cfg = self.cfg
         status = self.learner_status()
-        start = status.policy_version
-        if start > 0:
-            log.info("resuming at policy version %d (%d groups trained)", start, status.groups_trained)
+        version = status.policy_version
+        if version > 0:
+            log.info("resuming at policy version %d (%d groups trained)", version, status.groups_trained)
             self.sync_rollout_weights()
         pool = self.train_tasks()
         val_every = cfg.validation.every_steps
-        if val_every and start == 0:
-            self.validate(0)
+        if cfg.warm_start.enabled:
+            version = self.warm_start(version)
+        elif val_every and version == 0:
+            self.validate("base", 0)
+        start = version - self.v0
         with tqdm(total=cfg.run.steps, initial=start, desc="train", unit="step") as bar:
             for step in range(start, cfg.run.steps):
                 t0 = time.time()
+                self.wait_for_engine(self.v0 + step)  # on-policy: sample with the newest weights only
                 tasks = self.step_tasks(step, pool)
-                groups = self.run_rollouts(tasks, cfg.rollout.group_size, cfg.rollout.temperature, publish=True, desc=f"rollouts v{step}")
+                groups = self.run_rollouts(tasks, cfg.rollout.group_size, cfg.rollout.temperature, publish=True, desc=f"rollouts v{self.v0 + step}")
                 self.groups_published += len(groups)
                 trajs = [t for g in groups for t in g.trajectories]
                 failed = [t for t in trajs if t.termination_reason == common_pb2.TERMINATION_REASON_INFRASTRUCTURE_ERROR]
@@ -195,7 +252,7 @@ class Controller:
                         self.metrics.write("trajectory", step + 1, {"reward": t.reward, "tokens": len(t.token_ids),
                                                                     "turns": len(t.turns), "policy_version": t.policy_version})
                 t_roll = time.time() - t0
-                status = self.wait_for_version(step + 1)
+                status = self.wait_for_version(self.v0 + step + 1)
                 m, _, _ = mean_ci(rewards)
                 std = (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5
                 record = {"reward_mean": m, "reward_std": std, "groups": len(groups), "rollout_s": t_roll,
@@ -205,6 +262,35 @@ class Controller:
                 self.metrics.write("train", step + 1, record)
                 bar.set_postfix(reward=f"{m:.3f}", loss=f"{status.metrics.get('loss', float('nan')):.4g}")
                 bar.update(1)
-                if val_every and (step + 1) % val_every == 0:
-                    self.validate(step + 1)
+                if val_every and ((step + 1) % val_every == 0 or step + 1 == cfg.run.steps):
+                    self.wait_for_engine(self.v0 + step + 1)
+                    self.validate(f"step {step + 1}", self.v0 + step + 1)
         return self.learner_status().policy_version
+
+
+def validation_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "validation"
+
+
+def read_validations(run_dir: str | Path) -> list[dict]:
+    """The run's validations (<run dir>/validation/*.json), in policy-version order."""
+    out = [json.loads(p.read_text()) for p in validation_dir(run_dir).glob("*.json")]
+    order = {"base": 0, "warm_start": 1}
+    return sorted(out, key=lambda r: (r["policy_version"], order.get(r["after"], 2)))
+
+
+def paired_difference(after: dict, before: dict) -> dict[str, float]:
+    """Mean of the per-task reward difference `after − before` over the tasks both validated,
+    with a Student-t 95 % interval (paired over tasks).
+
+    Raises:
+        ValueError: no task in common.
+    """
+    common = sorted(set(after["per_task"]) & set(before["per_task"]))
+    if not common:
+        raise ValueError(f"validations {after['after']!r} and {before['after']!r} share no task")
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    diffs = [mean(after["per_task"][t]) - mean(before["per_task"][t]) for t in common]
+    m, lo, hi = mean_ci(diffs)
+    return {"after": after["after"], "before": before["after"], "difference": m, "ci_low": lo, "ci_high": hi,
+            "tasks": len(common)}

@@ -1,8 +1,11 @@
 """Starts the services of the embedded default as local processes (or connects to running ones).
 
 Order: embedded Redis (in this process, data under <run_dir>/redis so that a re-run
-resumes the stream), the frozen user-simulator model server, env, reward, rollout
-(policy engine), learner (torchrun). Each service config is written to
+resumes the stream), the generated task set (`task.generate`, into <run_dir>/tasks), the
+frozen user-simulator model server, env, reward, rollout (policy engine); then, with a
+warm start, the demonstrations (golden actions played through the env and reward services,
+driver/warm_start.py, into <run_dir>/warm_start/demonstrations.pb); then the learner
+(torchrun), which trains on them first. Each service config is written to
 <run_dir>/configs/<service>.yaml — the exact configuration that ran — and passed with
 `--config`.
 """
@@ -48,6 +51,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     ports = {name: free_port() for name in ("env", "reward", "rollout", "learner", "user_sim")}
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
 
+    task_files = prepare_task_files(cfg)
     specs = []
     user_base_url = None
     if not cfg.task.solo_mode and cfg.models.user_simulator:
@@ -64,7 +68,9 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
             # it, the user simulator takes the last core
             env={"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1))},
         ))
-    configs = service_configs(cfg, policy, addresses, redis_url, user_base_url)
+    demos = demonstrations_path(run_dir) if cfg.warm_start.enabled else None
+    configs = service_configs(cfg, policy, addresses, redis_url, user_base_url, task_files=task_files,
+                              demonstrations=str(demos) if demos else None)
     paths = {name: _write(run_dir, name, c) for name, c in configs.items()}
     common_env = {"REDIS_URL": redis_url}
     for name, module, section, extra in [
@@ -74,14 +80,74 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     ]:
         specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
                                     health=HEALTH[name], address=addresses[name], env=common_env))
+    # env, reward and the engine load in parallel (the engine is the slow one)
+    launcher.start_all(specs, ready_timeout=cfg.local.ready_timeout_s)
+    if demos is not None and not demos.exists() and not _learner_started(run_dir):
+        write_demonstrations_for(cfg, policy, addresses, task_files, demos)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.local.learner_procs}"]
-    specs.append(ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner"]),
+    learner = (ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner"]),
                                             "--port", str(ports["learner"]), "--metrics-port", "-1"],
                                 health=HEALTH["learner"], address=addresses["learner"], env=common_env,
                                 stop_grace_s=cfg.local.learner_stop_grace_s))
-    # all at once: they load in parallel (the rollout engine and the learner are the slow ones)
-    launcher.start_all(specs, ready_timeout=cfg.local.ready_timeout_s)
+    launcher.start_all([learner], ready_timeout=cfg.local.ready_timeout_s)
     return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner=addresses["learner"])
+
+
+def prepare_task_files(cfg: TrainConfig) -> list[str]:
+    """task.task_files, plus the generated task set (`task.generate`) written to <run_dir>/tasks once."""
+    files = list(cfg.task.task_files)
+    g = cfg.task.generate
+    if g is not None:
+        out = cfg.run.dir() / "tasks"
+        if not (out / "tasks.json").is_file():
+            from tau2_adapter.generate import generate_mock_tasks, write_task_dir
+
+            write_task_dir(generate_mock_tasks(train=g.train, test=g.test, seed=g.seed), out)
+            log.info("generated %d train + %d test %s tasks into %s", g.train, g.test, g.domain, out)
+        files.append(str(out))
+    return files
+
+
+def demonstrations_path(run_dir: Path) -> Path:
+    return run_dir / "warm_start" / "demonstrations.pb"
+
+
+def _learner_started(run_dir: Path) -> bool:
+    """A learner checkpoint exists (a resumed run: the warm start, if any, is done)."""
+    return any((run_dir / "learner" / "checkpoints").glob("step_*"))
+
+
+def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str, str], task_files: list[str],
+                             out: Path) -> None:
+    """Builds the warm start's demonstrations through the running env and reward services."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from driver.warm_start import build_demonstrations
+    from env_service.client import GrpcEnvClient
+    from learner_service.sft import write_demonstrations
+    from reward_service.client import GrpcRewardClient
+    from tau2_adapter.tasks import domain_tasks, golden_actions
+
+    t, w = cfg.task, cfg.warm_start
+    task_set = domain_tasks(t.env, task_files)
+    ids = list(t.task_ids or task_set.splits.get(t.train_split, []))
+    if not ids:
+        raise ValueError(f"warm start: no tasks in split {t.train_split!r} of env {t.env!r}")
+    random.Random(cfg.run.seed).shuffle(ids)
+    ids = ids[: w.demonstrations] if w.demonstrations else ids
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    rs = cfg.rollout
+    with GrpcEnvClient(addresses["env"]) as env, GrpcRewardClient(addresses["reward"]) as reward:
+        demos = build_demonstrations(env, reward, tokenizer, t.env, {i: golden_actions(task_set.tasks[i]) for i in ids},
+                                     solo_mode=t.solo_mode, max_turns=rs.max_turns, max_context_tokens=rs.max_context_tokens,
+                                     env_max_steps=0)
+    if not demos.groups:
+        raise RuntimeError(f"warm start: none of the {len(ids)} demonstrations reached reward 1.0 "
+                           f"(first failures: {list(demos.dropped[:5])})")
+    n = write_demonstrations(out, demos.groups)
+    log.info("warm start: %d demonstrations written to %s (%d dropped below reward 1.0)", n, out, len(demos.dropped))
 
 
 def connect(cfg: TrainConfig) -> Addresses:

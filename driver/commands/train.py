@@ -27,6 +27,7 @@ def train(
     import dataclasses
     import json
     import signal
+    import time
 
     from rich.console import Console
 
@@ -35,7 +36,7 @@ def train(
     from driver.launcher import LocalLauncher
     from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
     from driver.config import TrainConfig, load_train_config
-    from driver.controller import Controller
+    from driver.controller import Controller, paired_difference, read_validations
     from driver.local import connect, launch_local
 
     console = Console()
@@ -58,6 +59,7 @@ def train(
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _terminate)
+    t_start = time.time()
     with LocalLauncher(run_dir) as launcher:
         try:
             addresses = connect(cfg) if cfg.services.external() else launch_local(cfg, launcher)
@@ -76,13 +78,24 @@ def train(
     # services are stopped: the learner has checkpointed and acknowledged what it trained
     records = read_metrics(run_dir)
     train_records = [r for r in records if r["kind"] == "train"]
+    validations = read_validations(run_dir)
     summary = {
-        "policy_version": max((r["step"] for r in train_records), default=0),
+        "wall_seconds": round(time.time() - t_start, 1),
+        "policy_version": int(max((r.get("policy_version", r["step"]) for r in train_records), default=0)),
         "groups_published": controller.groups_published,
         "interrupted": interrupted,
         "train_steps": len(train_records),
         "last_loss": train_records[-1].get("loss") if train_records else None,
+        "validation": [{k: v.get(k) for k in ("after", "policy_version", "mean_at_1", "ci_low", "ci_high", "tasks", "trials")}
+                       for v in validations],
     }
+    by_label = {v["after"]: v for v in validations}
+    last = validations[-1] if validations else None
+    for ref in ("warm_start", "base"):
+        if last is not None and ref in by_label and last["after"] != ref:
+            summary[f"last_vs_{ref}"] = paired_difference(last, by_label[ref])
+    if "warm_start" in by_label and "base" in by_label:
+        summary["warm_start_vs_base"] = paired_difference(by_label["warm_start"], by_label["base"])
     plots = plot_learning_curves(records, run_dir / "plots")
     console.print(summary_table(records, title=f"SinkFlex-RL — {cfg.run.name}"))
     if not cfg.services.external():
