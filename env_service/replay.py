@@ -10,7 +10,7 @@ Tasks come from `tau2_adapter.tasks.domain_tasks`: tau2's shipped tasks, plus th
 files (tau2's format) given as `task_files`, or a Task given directly.
 
 The trajectory the service produced (observations plus actions) is turned back into
-tau2 messages with `env_service.convert` and scored with tau2's
+tau2 messages with `tau2_adapter.convert` and scored with tau2's
 `evaluate_simulation(..., EvaluationType.ALL)`.
 """
 
@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from env_service import convert
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.env.v1 import env_pb2
+from tau2_adapter import convert
+from tau2_adapter.termination import PB_TO_TAU2
 
 
 @dataclass
@@ -35,16 +36,6 @@ class ReplayResult:
     reward: float  # tau2's evaluator on `messages`
     breakdown: dict = field(default_factory=dict)
     num_steps: int = 0
-
-
-_PB_TO_TAU2_REASON = {
-    common_pb2.TERMINATION_REASON_AGENT_STOP: "agent_stop",
-    common_pb2.TERMINATION_REASON_USER_STOP: "user_stop",
-    common_pb2.TERMINATION_REASON_MAX_STEPS: "max_steps",
-    common_pb2.TERMINATION_REASON_TOO_MANY_ERRORS: "too_many_errors",
-    common_pb2.TERMINATION_REASON_AGENT_ERROR: "agent_error",
-    common_pb2.TERMINATION_REASON_USER_ERROR: "user_error",
-}
 
 
 def golden_task(env: str, task_id: str, task_files: Sequence[str | Path] = ()):
@@ -121,7 +112,7 @@ def replay_golden(client, env: str, task_id: str, solo_mode: bool = False,
         messages += [final, *step.observation]
     if close:
         client.close(reset.session_id)
-    reason = _PB_TO_TAU2_REASON.get(step.termination_reason, "agent_error")
+    reason = PB_TO_TAU2.get(step.termination_reason, "agent_error")
     reward, breakdown = float("nan"), {}
     if evaluate:
         info = score(env, task, messages, reason, solo_mode=solo_mode)

@@ -19,7 +19,7 @@ message history and the orchestrator's greeting), system prompt excluded. An act
 sent with `stop=True` appears in tau2's trajectory as the assistant message
 `content + "###STOP###"`. Tool-call ids are kept exactly as the agent sent them (tau2
 pairs calls and answers by position; ids may repeat or be empty), and every tool answer
-carries its call's id, requestor and error flag, so `convert.to_tau2_messages` of the
+carries its call's id, requestor and error flag, so `tau2_adapter.convert.to_tau2_messages` of the
 trajectory is what tau2's evaluator replays. An action with both content and tool
 calls is a tool call whose content is kept (tau2's default, validate_communication off).
 """
@@ -35,10 +35,11 @@ from typing import Optional
 
 import grpc
 
-from env_service import convert
 from env_service.catalog import Domain
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.errors import ServiceError, failed_precondition, invalid_argument
+from tau2_adapter import convert
+from tau2_adapter.termination import TAU2_TO_PB
 
 from tau2.agent.llm_agent import (
     AGENT_INSTRUCTION,
@@ -61,15 +62,8 @@ STOP_TOKEN = _Tau2GymAgent.STOP_TOKEN
 #: tau2's stop tool (`GymAgent.STOP_FUNCTION_NAME`); a call to it stops, in solo mode too.
 STOP_TOOL = _Tau2GymAgent.STOP_FUNCTION_NAME
 
-TERMINATION_TO_PB = {
-    TerminationReason.AGENT_STOP: common_pb2.TERMINATION_REASON_AGENT_STOP,
-    TerminationReason.USER_STOP: common_pb2.TERMINATION_REASON_USER_STOP,
-    TerminationReason.MAX_STEPS: common_pb2.TERMINATION_REASON_MAX_STEPS,
-    TerminationReason.TOO_MANY_ERRORS: common_pb2.TERMINATION_REASON_TOO_MANY_ERRORS,
-    TerminationReason.AGENT_ERROR: common_pb2.TERMINATION_REASON_AGENT_ERROR,
-    TerminationReason.USER_ERROR: common_pb2.TERMINATION_REASON_USER_ERROR,
-    TerminationReason.JUDGE_STOP: common_pb2.TERMINATION_REASON_UNSPECIFIED,
-}
+#: tau2 TerminationReason -> wire reason (`tau2_adapter.termination.TAU2_TO_PB`).
+TERMINATION_TO_PB = TAU2_TO_PB
 #: Reasons that Gymnasium calls truncation (the budget ran out), not termination.
 TRUNCATION_REASONS = {TerminationReason.MAX_STEPS}
 

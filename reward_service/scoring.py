@@ -2,7 +2,7 @@
 
 The reward is exactly what tau2's `evaluate_simulation` (tau2/evaluator/evaluator.py)
 returns for the same simulation: the wire messages are converted to tau2 messages
-(`env_service.convert`, the same conversion the env service uses), wrapped in a tau2
+(`tau2_adapter.convert`, the same conversion the env service uses), wrapped in a tau2
 `SimulationRun` with the termination reason, and handed to `evaluate_simulation`. No check
 is re-implemented here: the DB check (replay of the trajectory's tool calls on a fresh
 environment vs. the golden actions), ENV_ASSERTION, ACTION, COMMUNICATE and the
@@ -55,19 +55,13 @@ from sinkflex.errors import (
     invalid_argument,
     not_found,
 )
+from tau2_adapter.termination import PB_TO_TAU2
 
 #: Longest reason text put into a breakdown's `info` (tau2 replay errors quote whole tool outputs).
 MAX_REASON_CHARS = 2000
 
-#: Wire termination reason -> tau2 `TerminationReason` value.
-TAU2_TERMINATION = {
-    common_pb2.TERMINATION_REASON_AGENT_STOP: "agent_stop",
-    common_pb2.TERMINATION_REASON_USER_STOP: "user_stop",
-    common_pb2.TERMINATION_REASON_MAX_STEPS: "max_steps",
-    common_pb2.TERMINATION_REASON_TOO_MANY_ERRORS: "too_many_errors",
-    common_pb2.TERMINATION_REASON_AGENT_ERROR: "agent_error",
-    common_pb2.TERMINATION_REASON_USER_ERROR: "user_error",
-}
+#: Wire termination reason -> tau2 `TerminationReason` value (`tau2_adapter.termination.PB_TO_TAU2`).
+TAU2_TERMINATION = PB_TO_TAU2
 #: Rollout-worker reasons tau2 has no name for: premature, like every non-stop reason in tau2.
 OWN_TERMINATION = {
     common_pb2.TERMINATION_REASON_MAX_TURNS: "max_turns",
@@ -205,7 +199,7 @@ def check_conversation(messages: Sequence[common_pb2.Message]) -> list[str]:
 
 
 def to_tau2(messages: Sequence[common_pb2.Message]) -> list:
-    """tau2 messages of wire messages (`env_service.convert.to_tau2_messages`).
+    """tau2 messages of wire messages (`tau2_adapter.convert.to_tau2_messages`).
 
     System messages are dropped: tau2's `SimulationRun.messages` never holds the agent's
     system prompt, and its NL judge would otherwise read it as part of the conversation.
@@ -213,7 +207,7 @@ def to_tau2(messages: Sequence[common_pb2.Message]) -> list:
     Raises:
         ServiceError INVALID_ARGUMENT: a message the conversion refuses (e.g. a bad requestor).
     """
-    from env_service.convert import to_tau2_messages
+    from tau2_adapter.convert import to_tau2_messages
 
     try:
         converted = to_tau2_messages(messages, include_system=False)

@@ -272,3 +272,27 @@ def test_reward_catalog_and_command_line_refuse_bad_files(gen_dir, tmp_path):
     assert "cannot start" in r.output and str(bad / "tasks.json") in r.output and "update_task_1" in r.output
     r = CliRunner().invoke(app, ["--task-files", "mock", "--port", "0", "--no-metrics"])
     assert r.exit_code == 2 and "expected ENV=PATH" in r.output
+
+
+# --------------------------------------------------------------------------- one adapter
+
+
+def test_one_adapter_reward_service_does_not_import_env_service():
+    """The conversion and the termination maps live once, in tau2_adapter (issue 14)."""
+    from tests.test_layering import imported_top_levels
+
+    bad = {m: "env_service" for m, t in imported_top_levels("reward_service").items() if "env_service" in t}
+    assert not bad, bad
+    import env_service.convert
+    import tau2_adapter.convert
+    from env_service.session import TERMINATION_TO_PB
+    from reward_service.scoring import TAU2_TERMINATION
+    from tau2.data_model.simulation import TerminationReason
+    from tau2_adapter.termination import PB_TO_TAU2, TAU2_TO_PB
+
+    assert env_service.convert.to_tau2_messages is tau2_adapter.convert.to_tau2_messages  # a re-export, not a copy
+    assert TERMINATION_TO_PB is TAU2_TO_PB and TAU2_TERMINATION is PB_TO_TAU2
+    assert {TAU2_TO_PB[r] for r in TerminationReason} <= set(common_pb2.TerminationReason.values())
+    for reason, pb in TAU2_TO_PB.items():
+        if pb != common_pb2.TERMINATION_REASON_UNSPECIFIED:
+            assert TerminationReason(PB_TO_TAU2[pb]) == reason
