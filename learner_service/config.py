@@ -51,6 +51,19 @@ class ModelConfig(StrictModel):
         return self
 
 
+class RewardShapingConfig(StrictModel):
+    """Optional partial credit from τ²-Bench's own checks (learner_service/shaping.py); off when alpha = 0."""
+
+    alpha: float = Field(0.0, ge=0)
+    """α in R_train = R_task + α · partial; 0: train on τ²-Bench's reward alone (the default)."""
+    action: float = Field(0.5, ge=0)
+    """Weight of the share of golden actions matched."""
+    env_assertion: float = Field(0.35, ge=0)
+    """Weight of the share of environment assertions met."""
+    communicate: float = Field(0.15, ge=0)
+    """Weight of the share of communicate checks met."""
+
+
 class GRPOConfig(StrictModel):
     """The algorithm: paper eqs. (3)–(7)."""
 
@@ -72,6 +85,8 @@ class GRPOConfig(StrictModel):
     """π_θold: the engine's sampled log-probs, or recomputed by the learner before the update."""
     filter_zero_variance: bool = False
     """Drop groups whose advantages are all 0 (equal rewards, a single valid rollout); logged."""
+    reward_shaping: RewardShapingConfig = RewardShapingConfig()
+    """Partial credit added to the training reward (validation never sees it)."""
 
 
 class OptimConfig(StrictModel):

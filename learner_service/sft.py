@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from learner_service.batch import Rollout, micro_batches, num_micro_steps, pack, rollouts_from_group, shard_for_rank
 from learner_service.logprobs import token_logprobs
@@ -155,6 +156,7 @@ def warm_start(learner, groups: Sequence[common_pb2.TrajectoryGroup]) -> dict[st
     step = 0
     last: dict[str, float] = {}
     log.info("warm start: %d demonstrations, %d epochs, %d optimiser steps, lr %g", n, w.epochs, total, w.lr)
+    bar = tqdm(total=total, desc="warm start", unit="step", disable=learner.rank != 0, mininterval=5.0)
     for epoch in range(w.epochs):
         perm = torch.randperm(n, generator=gen).tolist()
         ep_nll = ep_tok = ep_hit = 0.0
@@ -170,9 +172,12 @@ def warm_start(learner, groups: Sequence[common_pb2.TrajectoryGroup]) -> dict[st
                    "epoch": float(epoch + 1), "tokens": tok}
             if learner.writer is not None:
                 learner.writer.write("warm_start", step, rec)
+            bar.update(1)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", acc=f"{rec['token_accuracy']:.3f}")
         last = {"warm_start_loss": ep_nll / max(ep_tok, 1.0), "warm_start_token_accuracy": ep_hit / max(ep_tok, 1.0)}
         log.info("warm start epoch %d/%d: loss %.4f, token accuracy %.3f", epoch + 1, w.epochs,
                  last["warm_start_loss"], last["warm_start_token_accuracy"])
+    bar.close()
     opt.zero_grad(set_to_none=True)
     del opt
     learner.state.policy_version += 1
