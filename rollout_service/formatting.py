@@ -13,7 +13,12 @@ token (e.g. the newline after ``<|im_end|>``) belongs to the suffix (loss mask 0
 previous reply was truncated (no end-of-turn sampled), the suffix starts with the
 template's end-of-turn token: it is template text, never a generated token (mask 0).
 Templates without tool support (SmolLM2's) get the tools in the system message in the
-Hermes format and tool results as ``tool`` messages wrapped in ``<tool_response>``.
+Hermes format and tool results as ``tool`` messages wrapped in ``<tool_response>``. The
+tool block comes first, before the environment's system prompt (`hermes_system`): it is
+the same for every task of a domain, so every episode's prompt starts with one long shared
+prefix (served once by vLLM's prefix cache, trained once by the learner's shared-prefix
+packing), and the task-specific text (tau2's ticket, in solo mode) sits right before the
+agent's turn.
 
 `HarmonyFormatter` (gpt-oss): renders with `openai_harmony`; each env message is rendered
 on its own (harmony messages are self-delimited) followed by ``<|start|>assistant``.
@@ -31,11 +36,20 @@ _ROLE = {common_pb2.ROLE_SYSTEM: "system", common_pb2.ROLE_USER: "user", common_
          common_pb2.ROLE_TOOL: "tool"}
 
 HERMES_TOOLS_PROMPT = (
-    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
     "For each function call, return a json object with function name and arguments within "
     "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
 )
+
+
+def hermes_system(system_prompt: str, tools: Sequence[dict]) -> str:
+    """The system message for a template without native tools: the Hermes tool block (one
+    OpenAI function schema per line), then the environment's system prompt."""
+    if not tools:
+        return system_prompt
+    block = HERMES_TOOLS_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
+    return f"{block}\n\n{system_prompt}"
 
 
 def tool_schema(spec: common_pb2.ToolSpec) -> dict:
@@ -105,9 +119,7 @@ class ChatTemplateFormatter:
     def initial_prompt(self, system_prompt, tools, observation) -> list[int]:
         """Ids of system (+ tools) + the first observation + the assistant header."""
         self._tools = [tool_schema(t) for t in tools]
-        system = system_prompt
-        if self._tools and not self.native_tools:
-            system += HERMES_TOOLS_PROMPT.format(tools="\n".join(json.dumps(t) for t in self._tools))
+        system = system_prompt if self.native_tools else hermes_system(system_prompt, self._tools)
         messages = [{"role": "system", "content": system}] + [self.to_chat(m) for m in observation if m.role != common_pb2.ROLE_SYSTEM]
         return self._render(messages, add_generation_prompt=True)
 

@@ -97,7 +97,7 @@ def test_demonstration_tokens_are_the_chat_template_render_of_its_conversation(d
         reset = env.reset(env_pb2.ResetRequest(env="mock", task_id=g.task_id, solo_mode=True))
         env.close(reset.session_id)
         tools = "\n".join(json.dumps(tool_schema(s)) for s in reset.tools)
-        chat = [{"role": "system", "content": reset.system_prompt + HERMES_TOOLS_PROMPT.format(tools=tools)}]
+        chat = [{"role": "system", "content": HERMES_TOOLS_PROMPT.format(tools=tools) + "\n\n" + reset.system_prompt}]
         agent_texts = []
         for m in t.messages[1:]:
             if m.role == common_pb2.ROLE_ASSISTANT:
