@@ -74,7 +74,7 @@ def cases(quick: bool) -> dict[str, dict]:
     return out
 
 
-def make_group(prefix: int, G: int, suffix: int, vocab: int, seed: int = 0):
+def make_group(prefix: int, G: int, suffix: int, vocab: int, seed: int = 0, tag: str = ""):
     """One group: a shared random prefix (mask 0), G random suffixes (mask 1, engine log-prob −9)."""
     import torch
 
@@ -82,7 +82,7 @@ def make_group(prefix: int, G: int, suffix: int, vocab: int, seed: int = 0):
 
     g = torch.Generator().manual_seed(seed)
     head = torch.randint(0, vocab, (prefix,), generator=g).tolist()
-    group = common_pb2.TrajectoryGroup(group_id=f"bench-{seed}-{prefix}-{G}-{suffix}")
+    group = common_pb2.TrajectoryGroup(group_id=f"bench-{seed}-{prefix}-{G}-{suffix}-{tag}")  # tag: a new id per step
     for i in range(G):
         tail = torch.randint(0, vocab, (suffix,), generator=g).tolist()
         mask = [0] * prefix + [1] * suffix
@@ -192,9 +192,8 @@ def worker(case: dict, steps: int, quick: bool, only: list[str] | None) -> list[
 
     rows = []
     workloads = QUICK_WORKLOADS if quick else WORKLOADS
-    warm = make_group(64, 2, 16, vocab, seed=99)
     for m in ("unshared_fp32", "shared_auto", "bare_fp32", "bare_bf16"):
-        run(m, [warm])  # warm-up: allocator, thread pools, kernels (not timed)
+        run(m, [make_group(64, 2, 16, vocab, seed=99, tag=m)])  # warm-up: allocator, thread pools, kernels (not timed)
     for wname, w in workloads.items():
         modes = list(MODES) + (["unshared_fp32_no_ckpt"] if wname == "mock" else [])
         modes = [m for m in modes if not only or m in only]
@@ -204,7 +203,7 @@ def worker(case: dict, steps: int, quick: bool, only: list[str] | None) -> list[
         eff = w["G"] * (w["prefix"] + w["suffix"])
         for s in range(steps):
             for m in modes:
-                dt, pk, met = run(m, [make_group(w["prefix"], w["G"], w["suffix"], vocab, seed=s)])
+                dt, pk, met = run(m, [make_group(w["prefix"], w["G"], w["suffix"], vocab, seed=s, tag=m)])
                 times[m].append(dt)
                 peaks[m] = max(peaks[m], pk)
                 last[m] = met

@@ -20,7 +20,14 @@ after each part, so a timeout still leaves the finished parts):
    (forward, backward, AdamW step) at 4096 and 8192 tokens: peak VRAM with
    ``attn_implementation="eager"`` vs ``"sinkflex"``; out-of-memory is recorded as such.
    Paper: 28.06 GB (eager) → 22.52 GB at 4096; eager OOM at 8192 (full 24-layer model).
-4. ``kernel`` (optional, ``--kernel-bench``) — one layer, eager vs flex with / without
+4. ``shared_prefix`` — a GRPO group as one row [prefix | suffix_1 | … | suffix_G]
+   (`generate_shared_prefix`, block mask from its mask_mod, built by compiled
+   ``create_block_mask``), gpt-oss geometry, bf16, sinks, sliding window 128 (shorter than
+   the prefix) and full causal: flex against the float64 reference on the same mask
+   (outputs and gradients within 2× transformers' eager bf16 error), the reference against
+   each rollout computed alone (exactly the same attention), and the block mask's sparsity
+   (the suffixes never visit each other's blocks).
+5. ``kernel`` (optional, ``--kernel-bench``) — one layer, eager vs flex with / without
    sinks vs SDPA: time and peak memory at 4096..32768 tokens.
 
 Needs: torch with CUDA and Triton (≥ 2.13), transformers (the version in pyproject), run
@@ -46,7 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sinkflex.attention import generate_causal, generate_padding, generate_sliding_window
+from sinkflex.attention import generate_causal, generate_padding, generate_shared_prefix, generate_sliding_window
 from sinkflex.attention.flex import flex_sink_attention
 from sinkflex.attention.reference import reference_sink_attention
 
@@ -131,6 +138,51 @@ def part_correctness(results: dict) -> None:
             )
         check(flex[0][1, :, :pad].abs().max().item() == 0, f"correctness {name}: fully masked rows are 0")
         results["correctness"][name] = row
+
+
+# ---- part 4: shared prefix ----------------------------------------------------------------
+
+
+def part_shared_prefix(results: dict) -> None:
+    prefix, G, suffix = (160, 3, 48) if DRY["on"] else (2048, 4, 512)
+    n = prefix + G * suffix
+    seg = torch.tensor([[0] * prefix + [s + 1 for s in range(G) for _ in range(suffix)]], device=DEVICE)
+    out_rows = {}
+    for name, window in (("sliding", WINDOW), ("full", None)):
+        mask = generate_shared_prefix(seg, window=window)
+        allowed = mask.dense(1, n, n, torch.device(DEVICE))
+        q, k, v, s, g = _inputs(1, n, torch.float64, seed=3)
+        exact = _out_and_grads(lambda *a, m=mask: reference_sink_attention(*a, m, DIM**-0.5)[0], q, k, v, s, g)
+        low = [t.to(torch.bfloat16) for t in (q, k, v, s, g)]
+        flex = _out_and_grads(lambda *a, m=mask: sink_path(*a, m, DIM**-0.5), *low)
+        eager = _out_and_grads(lambda *a, al=allowed: _eager(*a, al), *low)
+        row = {}
+        for label, f, e, x in zip(("out", "dq", "dk", "dv", "dsinks"), flex, eager, exact, strict=True):
+            err_flex = ((f.double() - x).norm() / x.norm()).item()
+            err_eager = ((e.double() - x).norm() / x.norm()).item()
+            row[label] = {"flex": err_flex, "eager_bf16": err_eager}
+            check(bool(torch.isfinite(f).all()), f"shared_prefix {name}: {label} finite")
+            check(err_flex <= 2 * err_eager + 1e-6,
+                  f"shared_prefix {name}: {label} rel err {err_flex:.2e} ≤ 2 × eager {err_eager:.2e}")
+        # the reference on the shared row = each rollout alone (causal / window on its own positions)
+        band = generate_sliding_window(window) if window else generate_causal()
+        worst = 0.0
+        for i in range(G):
+            cols = torch.cat([torch.arange(prefix), torch.arange(prefix + i * suffix, prefix + (i + 1) * suffix)]).to(DEVICE)
+            alone = reference_sink_attention(q[:, :, cols], k[:, :, cols], v[:, :, cols], s, band, DIM**-0.5)[0]
+            worst = max(worst, (alone - exact[0][:, :, cols]).abs().max().item())
+        row["alone_vs_shared_max_abs_fp64"] = worst
+        check(worst <= 1e-10, f"shared_prefix {name}: shared row = each rollout alone (fp64 max |Δ| {worst:.1e})")
+        if not DRY["on"]:
+            from sinkflex.attention.flex import block_mask_for
+
+            bm = block_mask_for(mask, 1, n, n, torch.device(DEVICE))
+            row["block_mask_sparsity"] = float(bm.sparsity())
+            dense_causal = block_mask_for(generate_causal(), 1, n, n, torch.device(DEVICE))
+            check(bm.sparsity() > dense_causal.sparsity(),
+                  f"shared_prefix {name}: block mask sparsity {bm.sparsity():.1f}% > causal {dense_causal.sparsity():.1f}%")
+        out_rows[name] = row
+    results["shared_prefix"] = {"prefix": prefix, "G": G, "suffix": suffix, **out_rows}
 
 
 # ---- part 2 ------------------------------------------------------------------------------
@@ -331,8 +383,8 @@ def main() -> int:
     parser.add_argument(
         "--parts",
         nargs="*",
-        default=["correctness", "compiled", "model"],
-        choices=["correctness", "compiled", "model", "kernel"],
+        default=["correctness", "compiled", "shared_prefix", "model"],
+        choices=["correctness", "compiled", "shared_prefix", "model", "kernel"],
     )
     parser.add_argument("--kernel-bench", action="store_true", help="also run part 4 (kernel)")
     parser.add_argument("--layers", type=int, default=4)
@@ -345,7 +397,7 @@ def main() -> int:
     if args.dry_run_cpu:
         global DEVICE
         DEVICE, DRY["on"] = "cpu", True
-        args.parts = [p for p in args.parts if p in ("correctness", "model")]
+        args.parts = [p for p in args.parts if p in ("correctness", "shared_prefix", "model")]
         args.layers, args.sizes = 2, [256]
         for name in ("empty_cache", "reset_peak_memory_stats", "synchronize"):
             setattr(torch.cuda, name, lambda *a, **k: None)
@@ -378,6 +430,8 @@ def main() -> int:
                 part_correctness(results)
             elif part == "compiled":
                 part_compiled(results)
+            elif part == "shared_prefix":
+                part_shared_prefix(results)
             elif part == "model":
                 part_model(results, args.layers, args.sizes, args.experts)
             elif part == "kernel":

@@ -226,7 +226,7 @@ def sinkflex_attention_forward(
         from sinkflex.attention.reference import reference_sink_attention
 
         out = reference_sink_attention(query, key, value, s_aux, mask, scale)[0]
-    elif s_aux is None and (fast := _sdpa_route(mask, sliding_window, q_len, kv_len)) is not None:
+    elif s_aux is None and (fast := _sdpa_route(attention_mask, mask, sliding_window, q_len, kv_len)) is not None:
         out = fast(query, key, value, scale)
     else:
         out = blockwise_sink_attention(query, key, value, s_aux, mask, scale)
@@ -236,7 +236,7 @@ def sinkflex_attention_forward(
 _BACKEND = {"name": "auto", "sdpa": True}
 
 
-def _sdpa_route(mask, sliding_window: int | None, q_len: int, kv_len: int):
+def _sdpa_route(given, mask, sliding_window: int | None, q_len: int, kv_len: int):
     """Without sinks on the CPU path, the fastest exact attention the mask allows, or None.
 
     - plain causal rows (transformers' causal mask, no padding/packing/cache, no window):
@@ -244,12 +244,13 @@ def _sdpa_route(mask, sliding_window: int | None, q_len: int, kv_len: int):
     - shared-prefix rows without padding or window: SDPA on the prefix (causal) and, per
       suffix, SDPA over ``[prefix keys | own suffix keys]`` with the causal-offset mask;
       the prefix keys' gradients from all suffixes add up through ``torch.cat``.
-    Anything else (windows, padding, documents) stays on the blockwise path.
+    Anything else (windows, padding, documents) stays on the blockwise path. ``given`` is
+    the layer's attention_mask argument, ``mask`` the spec with the layer's structure.
     """
     if not _BACKEND["sdpa"] or not isinstance(mask, MaskSpec) or q_len != kv_len:
         return None
-    if sliding_window is None and mask._cache.get("plain_causal"):
-        return _sdpa_causal
+    if sliding_window is None and isinstance(given, MaskSpec) and given._cache.get("plain_causal"):
+        return _sdpa_causal  # `given`: transformers' mask before the causal band was ANDed in
     layout = mask._cache.get("shared_prefix")
     if layout is not None and mask._cache.get("shared_prefix_window") is None and not mask._cache.get("has_padding"):
         return lambda q, k, v, scale: _sdpa_shared_prefix(q, k, v, scale, layout)
