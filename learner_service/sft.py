@@ -18,7 +18,9 @@ loss-mask tokens — the agent's own tokens, never the prompt or the environment
 with N counted over the global batch of one optimiser step (all micro-batches, all ranks),
 exactly as the GRPO loss normalises (learner_service/loss.py), so micro-batching and FSDP
 give the exact full-batch gradient. Log-probs are at temperature 1 (the model's own
-distribution), in float32.
+distribution), in float32, computed only at the loss-mask positions
+(`learner_service.logprobs.picked_logprobs`); demonstrations sharing a prompt prefix are
+packed into one shared-prefix row, as the learner packs a GRPO group.
 
 It runs on the learner itself (same model, FSDP2 sharding, attention path and packing as
 GRPO) with its own AdamW (the GRPO optimiser's moments are not touched), and ends by
@@ -31,6 +33,7 @@ group per task.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -40,8 +43,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from learner_service.batch import Rollout, micro_batches, num_micro_steps, pack, rollouts_from_group, shard_for_rank
-from learner_service.logprobs import token_logprobs
+from learner_service.batch import Rollout, rollouts_from_group, shard_for_rank
 from sinkflex.api.common.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -112,19 +114,27 @@ def sft_loss(logp_BT: torch.Tensor, mask_BT: torch.Tensor, num_tokens: float) ->
     if not num_tokens > 0:
         raise ValueError(f"num_tokens must be > 0, got {num_tokens}")
     m_BT = mask_BT.bool()
-    nll_BT = torch.where(m_BT, -logp_BT.float(), torch.zeros_like(logp_BT, dtype=torch.float32))
+    logp_BT = logp_BT.to(torch.promote_types(logp_BT.dtype, torch.float32))  # float32, or float64 as given
+    nll_BT = torch.where(m_BT, -logp_BT, torch.zeros_like(logp_BT))
     nll_sum = nll_BT.sum()
     return nll_sum / num_tokens, nll_sum.detach()
 
 
 # ------------------------------------------------------------------ the warm start
+#: The group id every demonstration is trained under (see `demonstration_rollouts`).
+DEMONSTRATIONS_GROUP = "warm-start-demonstrations"
+
+
 def demonstration_rollouts(groups: Sequence[common_pb2.TrajectoryGroup], max_seq_len: int | None = None) -> list[Rollout]:
     """The trajectories of `groups` as typed rollouts (rewards and advantages unused).
 
     Raises:
         ValueError: a malformed trajectory (see batch.rollouts_from_group), or no loss-mask token at all.
     """
-    rollouts = [r for g in groups for r in rollouts_from_group(g, max_seq_len=max_seq_len)[0]]
+    # one group id for all: the learner packs rollouts of a group that share a prompt prefix into
+    # one shared-prefix row, and demonstrations of one domain share their tool block and policy
+    rollouts = [dataclasses.replace(r, group_id=DEMONSTRATIONS_GROUP)
+                for g in groups for r in rollouts_from_group(g, max_seq_len=max_seq_len)[0]]
     if not rollouts or not any(bool(r.mask_T.any()) for r in rollouts):
         raise ValueError("the demonstrations hold no loss-mask token to train on")
     return rollouts
@@ -189,28 +199,35 @@ def warm_start(learner, groups: Sequence[common_pb2.TrajectoryGroup]) -> dict[st
 
 
 def _sft_optimizer_step(learner, opt, rollouts: list[Rollout], mb: list[int]) -> tuple[float, float, float, float]:
-    """Forward/backward of this rank's share of `mb`, one AdamW step. Returns (Σ nll, tokens, argmax hits, grad norm)."""
-    cfg = learner.cfg
-    size = cfg.batch.micro_batch_size
+    """Forward/backward of this rank's share of `mb`, one AdamW step. Returns (Σ nll, tokens, argmax hits, grad norm).
+
+    The micro-batches are the learner's own (`Learner._micro_batches`): demonstrations that
+    share a prompt prefix (every demonstration of a domain shares its tool block and policy)
+    become one shared-prefix row, so the common prompt is computed once per micro-batch.
+    """
+    from learner_service.logprobs import picked_logprobs
+
     shares = [shard_for_rank(mb, rollouts, r, learner.world) for r in range(learner.world)]
-    mine = shares[learner.rank]
-    n_local = torch.tensor([float(sum(int(rollouts[i].mask_T.sum()) for i in mine))], dtype=torch.float64)
+    n_local = torch.tensor([float(sum(int(rollouts[i].mask_T.sum()) for i in shares[learner.rank]))], dtype=torch.float64)
     learner._all_reduce_(n_local)  # N over the global mini-batch
     n_tokens = n_local.item()
-    sums = torch.zeros(3, dtype=torch.float64)  # Σ nll, tokens, hits
     if n_tokens == 0:
         return 0.0, 0.0, 0.0, 0.0
-    steps = max(num_micro_steps(len(s), size) for s in shares)
-    for micro in micro_batches(mine, size, steps):
-        b = pack(rollouts, micro, cfg.batch.pad_token_id, cfg.batch.pack_tokens).to(learner.device)
-        logits_BTV = learner._logits(learner.model, b)
-        logp_BT = token_logprobs(logits_BTV, b.target_ids_BT, 1.0)
-        loss, nll_sum = sft_loss(logp_BT, b.mask_BT, n_tokens)
+    sums = torch.zeros(3, dtype=torch.float64)  # Σ nll, tokens, hits
+    units, _ = learner._micro_batches(rollouts, mb)
+    for unit in units:
+        pb = learner._picked(rollouts, unit)
+        logits_NV = learner._logits(learner.model, pb, keep=pb.keep_J).flatten(0, 1)
+        logp_K, _ = picked_logprobs(logits_NV, pb.pick_row_K, pb.pick_target_K, 1.0)  # the model's own distribution
+        zero = torch.zeros((), dtype=logp_K.dtype, device=logp_K.device)
+        logp_RT = torch.where(pb.mask_RT, logp_K[pb.src_RT], zero)
+        loss, nll_sum = sft_loss(logp_RT, pb.mask_RT, n_tokens)
         loss.backward()
         with torch.no_grad():
-            hits = ((logits_BTV.argmax(-1) == b.target_ids_BT) & b.mask_BT).sum()
-        sums += torch.tensor([nll_sum.item(), float(b.mask_BT.sum()), float(hits)], dtype=torch.float64)
-        del logits_BTV, logp_BT, loss
+            hit_K = logits_NV[pb.pick_row_K].argmax(-1) == pb.pick_target_K
+            hits = (hit_K[pb.src_RT] & pb.mask_RT).sum()
+        sums += torch.tensor([nll_sum.item(), float(pb.mask_RT.sum()), float(hits)], dtype=torch.float64)
+        del logits_NV, logp_K, logp_RT, loss
     learner._all_reduce_(sums)
     gn = learner._clip_grad()
     if not math.isfinite(gn):

@@ -147,11 +147,26 @@ def test_sft_loss_is_masked_cross_entropy():
         sft_loss(logp, mask[:, :3], 1.0)
 
 
+class _CaptureGrads:
+    """Stands in for the optimiser: records the gradients `step` would apply."""
+
+    def __init__(self, model):
+        self.model = model
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def step(self):
+        self.grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def zero_grad(self, set_to_none=True):
+        self.model.zero_grad(set_to_none=True)
+
+
 def test_warm_start_gradient_does_not_depend_on_micro_batching(demos, tmp_path, torch_one_thread):
-    """One warm-start optimiser step over the same demonstrations gives the same weights whether
-    they are fed in micro-batches of 1 or all at once (the loss is normalised by the global
-    token count); and it raises the demonstrations' likelihood."""
-    from learner_service.sft import demonstration_rollouts, warm_start
+    """The gradient of one warm-start step over the same demonstrations is the same (float64,
+    max |Δ| ≤ 1e-8 of the largest entry) whether they are fed one per micro-batch (unshared rows) or all at once (one
+    shared-prefix row: they share the tool block and the policy); the loss is normalised by
+    the global token count. Then a whole warm start publishes the next policy version."""
+    from learner_service.sft import _sft_optimizer_step, demonstration_rollouts, warm_start
     from learner_service.trainer import Learner
     from tests.fixtures.learner import TINY_LLAMA, learner_config
 
@@ -159,17 +174,26 @@ def test_warm_start_gradient_does_not_depend_on_micro_batching(demos, tmp_path, 
     arch = {**TINY_LLAMA, "vocab_size": 49152, "hidden_size": 16, "intermediate_size": 16, "num_attention_heads": 2,
             "num_key_value_heads": 1, "max_position_embeddings": 4096}
     groups = list(d.groups[:3])
-    weights = []
+    rollouts = demonstration_rollouts(groups)
+    grads, sums = [], []
     for mbs in (1, 3):
         cfg = learner_config(tmp_path / f"m{mbs}", arch=arch, model={"dtype": "float64", "gradient_checkpointing": False},
-                             batch={"micro_batch_size": mbs}, warm_start={"epochs": 1, "batch_size": 3, "lr": 1e-2})
+                             batch={"micro_batch_size": mbs}, optim={"max_grad_norm": None},
+                             warm_start={"epochs": 1, "batch_size": 3, "lr": 1e-2})
         learner = Learner(cfg, metrics=False)
-        m = warm_start(learner, groups)
-        assert learner.state.policy_version == 1 == learner.state.warm_start_version
-        assert m["warm_start_demonstrations"] == 3 and m["warm_start_loss"] > 0
-        weights.append({k: v.detach().clone() for k, v in learner.model.state_dict().items()})
-    for k in weights[0]:
-        assert torch.allclose(weights[0][k], weights[1][k], atol=1e-10, rtol=0), k
+        cap = _CaptureGrads(learner.model)
+        nll, tokens, hits, gn = _sft_optimizer_step(learner, cap, rollouts, [0, 1, 2])
+        assert tokens == sum(int(r.mask_T.sum()) for r in rollouts) and nll > 0 and gn > 0
+        grads.append(cap.grads)
+        sums.append((nll, tokens, hits))
+    assert sums[0][1:] == sums[1][1:] and sums[0][0] == pytest.approx(sums[1][0], rel=1e-12)
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        scale = grads[0][k].abs().max().item()
+        assert (grads[0][k] - grads[1][k]).abs().max().item() <= 1e-8 * max(scale, 1e-12), k
+    m = warm_start(learner, groups)
+    assert learner.state.policy_version == 1 == learner.state.warm_start_version
+    assert m["warm_start_demonstrations"] == 3 and m["warm_start_loss"] > 0
     with pytest.raises(ValueError, match="no loss-mask token"):
         g = common_pb2.TrajectoryGroup(group_id="x", trajectories=[common_pb2.Trajectory(
             token_ids=[1, 2, 3], logprobs=[0, 0, 0], loss_mask=[0, 0, 0])])
