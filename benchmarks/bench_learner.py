@@ -123,7 +123,7 @@ def peak_gib() -> float:
 MODES = ("unshared_fp32", "unshared_auto", "shared_fp32", "shared_auto", "bare_fp32", "bare_bf16")
 
 
-def worker(case: dict, steps: int, quick: bool, only: list[str] | None) -> list[dict]:
+def worker(case: dict, steps: int, quick: bool, only: list[str] | None, subset: int | None = None) -> list[dict]:
     """One process, one model, every workload and mode (module docstring); returns the raw rows."""
     import contextlib
 
@@ -200,10 +200,12 @@ def worker(case: dict, steps: int, quick: bool, only: list[str] | None) -> list[
         times: dict[str, list[float]] = {m: [] for m in modes}
         peaks = {m: 0.0 for m in modes}
         last: dict[str, dict] = {}
-        eff = w["G"] * (w["prefix"] + w["suffix"])
         for s in range(steps):
             for m in modes:
-                dt, pk, met = run(m, [make_group(w["prefix"], w["G"], w["suffix"], vocab, seed=s, tag=m)])
+                # unshared and bare modes cost the same per rollout (one row each): optionally timed on a subset
+                G = w["G"] if m.startswith("shared") or not subset else min(subset, w["G"])
+                eff = G * (w["prefix"] + w["suffix"])
+                dt, pk, met = run(m, [make_group(w["prefix"], G, w["suffix"], vocab, seed=s, tag=m)])
                 times[m].append(dt)
                 peaks[m] = max(peaks[m], pk)
                 last[m] = met
@@ -211,8 +213,10 @@ def worker(case: dict, steps: int, quick: bool, only: list[str] | None) -> list[
                       f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
         for m in modes:
             met = last[m]
+            G = w["G"] if m.startswith("shared") or not subset else min(subset, w["G"])
+            eff = G * (w["prefix"] + w["suffix"])
             rows.append(dict(
-                workload=wname, mode=m, prefix=w["prefix"], G=w["G"], suffix=w["suffix"], steps=steps,
+                workload=wname, mode=m, prefix=w["prefix"], G=w["G"], timed_rollouts=G, suffix=w["suffix"], steps=steps,
                 effective_tokens=eff, step_s=sum(times[m]) / steps, tokens_per_s=eff * steps / sum(times[m]),
                 peak_gib=peaks[m], precision=(auto.describe() if m.endswith("auto") else "fp32" if not m.startswith("bare")
                                               else ("bf16 autocast" if m == "bare_bf16" else "fp32")),
@@ -223,8 +227,50 @@ def worker(case: dict, steps: int, quick: bool, only: list[str] | None) -> list[
     return rows
 
 
-def run_case(name: str, case: dict, steps: int, threads: int, quick: bool, only: list[str] | None) -> list[dict]:
+def mismatch_worker(engine_dtype: str, path: str, G: int = 4, new_tokens: int = 96) -> list[dict]:
+    """Engine/learner log-prob mismatch on real rollouts: the project's vLLM `Engine` (dtype
+    `engine_dtype`) samples G completions of a chat prompt; a fp32 and a dtype-auto `Learner`
+    each take their first step on them; rows hold logprob_mismatch_mean / _max (loss-mask tokens)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from learner_service.config import LearnerConfig
+    from learner_service.trainer import Learner
+    from rollout_service.engine import Engine, Sampling
+    from sinkflex.api.common.v1 import common_pb2
+
+    tok = AutoTokenizer.from_pretrained(path)
+    msgs = [{"role": "system", "content": "You are a helpful retail customer-service agent."},
+            {"role": "user", "content": "Hi, I want to return the hiking boots from my last order. How do I do that?"}]
+    prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    engine = Engine(path, dtype=engine_dtype, max_model_len=1024, kv_cache_gib=0.5)
+    gens = [engine.run(engine.generate(prompt, Sampling(temperature=1.0, seed=100 + i, max_new_tokens=new_tokens),
+                                       min_tokens=new_tokens)) for i in range(G)]
+    resolved = engine.dtype
+    engine.shutdown()
+    rows = []
+    for ldtype in ("float32", "auto"):
+        group = common_pb2.TrajectoryGroup(group_id=f"mismatch-{engine_dtype}-{ldtype}")
+        for i, g in enumerate(gens):
+            group.trajectories.add(trajectory_id=str(i), token_ids=prompt + list(g.token_ids),
+                                   logprobs=[0.0] * len(prompt) + list(g.logprobs),
+                                   loss_mask=[0] * len(prompt) + [1] * len(g.token_ids), reward=float(i % 2))
+        cfg = LearnerConfig.model_validate(dict(run_dir="/tmp/bench_learner_mm", model=dict(path=path, dtype=ldtype),
+                                                tensorboard=False, optim=dict(lr=1e-6), batch=dict(micro_batch_size=G)))
+        learner = Learner(cfg, metrics=False)
+        m = learner.train_step([group])
+        rows.append(dict(engine_dtype=resolved, learner=learner.precision.describe(), tokens=G * new_tokens,
+                         logprob_mismatch_mean=m["logprob_mismatch_mean"], logprob_mismatch_max=m["logprob_mismatch_max"]))
+        del learner
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return rows
+
+
+def run_case(name: str, case: dict, steps: int, threads: int, quick: bool, only: list[str] | None,
+             subset: int | None = None) -> list[dict]:
     cmd = [sys.executable, __file__, "--worker", "--case", json.dumps(case), "--steps", str(steps)]
+    cmd += ["--subset", str(subset)] if subset else []
     cmd += ["--quick"] if quick else []
     cmd += ["--only", ",".join(only)] if only else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -237,18 +283,18 @@ def run_case(name: str, case: dict, steps: int, threads: int, quick: bool, only:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | workload | mode | precision | effective tok/s | step s | vs unshared_fp32 | peak RSS GiB |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "| model | workload | mode | precision | rollouts timed | effective tok/s | step s | vs unshared_fp32 | peak RSS GiB |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     base = {(r["model"], r["workload"]): r["tokens_per_s"] for r in rows if r.get("mode") == "unshared_fp32"}
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | – | – | – | {r['error']} | | | |")
+            lines.append(f"| {r['model']} | – | – | – | – | {r['error']} | | | |")
             continue
         ref = base.get((r["model"], r["workload"]))
         rel = f"{r['tokens_per_s'] / ref:.2f}×" if ref else "–"
         lines.append(f"| {r['model']} | {r['workload']} ({r['prefix']} + {r['G']} × {r['suffix']}) | {r['mode']} | "
-                     f"{r['precision']} | {r['tokens_per_s']:.0f} | {r['step_s']:.1f} | {rel} | {r['peak_gib']:.2f} |")
+                     f"{r['precision']} | {r.get('timed_rollouts', r['G'])} | {r['tokens_per_s']:.0f} | {r['step_s']:.1f} | {rel} | {r['peak_gib']:.2f} |")
     return "\n".join(lines)
 
 
@@ -277,15 +323,38 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads per worker")
     p.add_argument("--models", default="", help="comma-separated subset of the model names")
     p.add_argument("--only", default="", help="comma-separated subset of the modes")
+    p.add_argument("--subset", type=int, default=0,
+                   help="time the unshared and bare modes on this many rollouts of each group (0: all G); "
+                        "their cost is linear in the rollouts, the shared modes always run the whole group")
     p.add_argument("--out", default=str(REPO / "docs" / "bench_learner.md"))
     p.add_argument("--json", default=str(REPO / "docs" / "bench_learner.json"))
+    p.add_argument("--mismatch", action="store_true",
+                   help="only the engine/learner log-prob mismatch (vLLM fp32 and auto engines, SmolLM2) -> --json")
+    p.add_argument("--mismatch-worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     only = [m for m in args.only.split(",") if m] or None
     if args.worker:
-        print(json.dumps(worker(json.loads(args.case), args.steps, args.quick, only)))
+        print(json.dumps(worker(json.loads(args.case), args.steps, args.quick, only, args.subset or None)))
+        return
+    if args.mismatch_worker:
+        from sinkflex.models import default_model_dir
+
+        print(json.dumps(mismatch_worker(args.mismatch_worker, str(default_model_dir("smollm2")))))
+        return
+    if args.mismatch:
+        rows = []
+        for dt in ("float32", "auto"):
+            proc = subprocess.run([sys.executable, __file__, "--mismatch-worker", dt], stdout=subprocess.PIPE, text=True,
+                                  cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+            rows += json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else [dict(error=dt)]
+        print(json.dumps(rows, indent=1))
+        path = Path(args.json)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data["logprob_mismatch"] = rows
+        path.write_text(json.dumps(data, indent=1) + "\n")
         return
     import torch
 
@@ -296,7 +365,7 @@ def main() -> None:
     rows: list[dict] = []
     for name, c in cases(args.quick).items():
         if not wanted or name in wanted:
-            rows += run_case(name, c, args.steps, args.threads, args.quick, only)
+            rows += run_case(name, c, args.steps, args.threads, args.quick, only, args.subset or None)
     load1 = os.getloadavg()
     device = f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), fast bf16: {cpu_has_fast_bf16()}"
     body = table(rows)
@@ -305,10 +374,12 @@ def main() -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     Path(args.json).write_text(json.dumps(dict(
         date=stamp, device=device, torch=torch.__version__, threads=args.threads, steps=args.steps, quick=args.quick,
+        subset=args.subset or None,
         load_avg_start=load0, load_avg_end=load1, rows=rows, ratios=rat), indent=1) + "\n")
     header = (
         f"## {device}, torch {torch.__version__}\n\n"
         f"{stamp}; {args.steps} timed round(s) per workload after a small warm-up, modes alternating in one process, "
+        f"unshared/bare modes timed on {args.subset or 'all'} rollout(s) per group, "
         f"{args.threads} CPU thread(s); load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end (shared machine).\n\n"
     )
     rat_md = "\n".join(f"- `{k}`: {'–' if v is None else f'{v:.2f}'}" for k, v in rat.items())

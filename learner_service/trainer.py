@@ -220,7 +220,8 @@ class Learner:
             else:
                 rest = list(share)
             plans.append((shared, sorted(rest, key=lambda i: -rollouts[i].num_positions)))
-        steps = max(len(sh) + num_micro_steps(len(rest), size) for sh, rest in plans)
+        # at least one micro-step per rank (FSDP collectives), no dummy after shared rows
+        steps = max(1, max(len(sh) + (num_micro_steps(len(rest), size) if rest else 0) for sh, rest in plans))
         shared, rest = plans[self.rank]
         return list(shared) + micro_batches(rest, size, steps - len(shared)), stats
 
