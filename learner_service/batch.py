@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from learner_service.advantage import group_advantages
+from learner_service.shaping import shaped_reward
 from sinkflex.api.common.v1 import common_pb2
 
 
@@ -82,7 +83,7 @@ class TrainBatch:
 
 
 def rollouts_from_group(
-    group: common_pb2.TrajectoryGroup, adv_eps: float = 1e-6, max_seq_len: int | None = None
+    group: common_pb2.TrajectoryGroup, adv_eps: float = 1e-6, max_seq_len: int | None = None, shaping=None
 ) -> tuple[list[Rollout], GroupInfo]:
     """Converts one group and computes its advantages (eq. (3)).
 
@@ -91,6 +92,9 @@ def rollouts_from_group(
             len(logprobs) == len(loss_mask) ≥ 2 and loss_mask[0] == 0.
         adv_eps: ε_A.
         max_seq_len: cut trajectories to this many tokens (None: no cut).
+        shaping: a `RewardShapingConfig`: advantages from τ²-Bench's reward plus partial
+            credit from its own checks (learner_service/shaping.py); None or α = 0: the
+            trajectory reward as it is.
 
     Returns:
         (rollouts, info): one Rollout per trajectory, in order.
@@ -114,7 +118,7 @@ def rollouts_from_group(
             raise ValueError(f"{where}: loss_mask[0] must be 0 (the first token has no log-prob)")
         if any(m not in (0, 1) for m in tr.loss_mask):
             raise ValueError(f"{where}: loss_mask values must be 0 or 1")
-        rewards.append(tr.reward)
+        rewards.append(tr.reward if shaping is None else shaped_reward(tr.reward, tr.reward_breakdown, shaping))
     rewards_G = torch.tensor(rewards, dtype=torch.float32)
     adv_G = group_advantages(rewards_G, adv_eps)
     rollouts = []

@@ -274,7 +274,7 @@ class Learner:
                 dup += 1
                 continue
             seen.add(g.group_id)
-            rs, info = rollouts_from_group(g, self.cfg.grpo.adv_eps, self.cfg.batch.max_seq_len)
+            rs, info = rollouts_from_group(g, self.cfg.grpo.adv_eps, self.cfg.batch.max_seq_len, self.cfg.grpo.reward_shaping)
             infos.append(info)
             zero_var += info.zero_variance
             if info.zero_variance and self.cfg.grpo.filter_zero_variance:

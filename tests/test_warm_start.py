@@ -220,3 +220,16 @@ def test_shaped_reward_from_taus_own_checks(services, gen_tasks):
     assert shaped_reward(b.reward, b, RewardShapingConfig()) == 0.0  # off by default
     assert shaped_reward(b.reward, b, RewardShapingConfig(alpha=0.2)) == pytest.approx(0.1)
     assert math.isnan(shaped_reward(float("nan"), b, RewardShapingConfig(alpha=0.2)))  # unscored stays unscored
+    # in the learner: a group of the wrong and a third, empty, episode has zero variance under
+    # τ²-Bench's reward, and a non-zero advantage for the half-right one once shaped
+    from learner_service.batch import rollouts_from_group
+
+    def traj(breakdown):
+        return common_pb2.Trajectory(token_ids=[1, 2, 3], logprobs=[0, -1, -1], loss_mask=[0, 1, 1],
+                                     reward=breakdown.reward, reward_breakdown=breakdown)
+
+    group = common_pb2.TrajectoryGroup(group_id="g", trajectories=[traj(b), traj(common_pb2.RewardBreakdown(reward=0.0))])
+    _, plain = rollouts_from_group(group)
+    _, shaped = rollouts_from_group(group, shaping=RewardShapingConfig(alpha=0.2))
+    assert plain.zero_variance and not shaped.zero_variance
+    assert shaped.adv_G[0] > 0 > shaped.adv_G[1] and shaped.rewards_G.tolist() == pytest.approx([0.1, 0.0])
