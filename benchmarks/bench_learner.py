@@ -123,7 +123,8 @@ def peak_gib() -> float:
 MODES = ("unshared_fp32", "unshared_auto", "shared_fp32", "shared_auto", "bare_fp32", "bare_bf16")
 
 
-def worker(case: dict, steps: int, quick: bool, only: list[str] | None, subset: int | None = None) -> list[dict]:
+def worker(case: dict, steps: int, quick: bool, only: list[str] | None, subset: int | None = None,
+           workloads_wanted: list[str] | None = None) -> list[dict]:
     """One process, one model, every workload and mode (module docstring); returns the raw rows."""
     import contextlib
 
@@ -195,6 +196,8 @@ def worker(case: dict, steps: int, quick: bool, only: list[str] | None, subset: 
     for m in ("unshared_fp32", "shared_auto", "bare_fp32", "bare_bf16"):
         run(m, [make_group(64, 2, 16, vocab, seed=99, tag=m)])  # warm-up: allocator, thread pools, kernels (not timed)
     for wname, w in workloads.items():
+        if workloads_wanted and wname not in workloads_wanted:
+            continue
         modes = list(MODES) + (["unshared_fp32_no_ckpt"] if wname == "mock" else [])
         modes = [m for m in modes if not only or m in only]
         times: dict[str, list[float]] = {m: [] for m in modes}
@@ -224,6 +227,7 @@ def worker(case: dict, steps: int, quick: bool, only: list[str] | None, subset: 
                 positions_computed=met.get("positions_computed"), shared_prefix_rows=met.get("shared_prefix_rows"),
                 load_avg=os.getloadavg()[0],
             ))
+            print("ROW " + json.dumps(rows[-1]), flush=True)  # a later crash (e.g. OOM) keeps the finished rows
     return rows
 
 
@@ -268,17 +272,19 @@ def mismatch_worker(engine_dtype: str, path: str, G: int = 4, new_tokens: int = 
 
 
 def run_case(name: str, case: dict, steps: int, threads: int, quick: bool, only: list[str] | None,
-             subset: int | None = None) -> list[dict]:
+             subset: int | None = None, workloads: list[str] | None = None) -> list[dict]:
     cmd = [sys.executable, __file__, "--worker", "--case", json.dumps(case), "--steps", str(steps)]
     cmd += ["--subset", str(subset)] if subset else []
+    cmd += ["--workloads", ",".join(workloads)] if workloads else []
     cmd += ["--quick"] if quick else []
     cmd += ["--only", ",".join(only)] if only else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    rows = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+    rows = [dict(r, model=name) for r in rows]
     if proc.returncode != 0:
-        return [dict(model=name, error=f"worker exit {proc.returncode}")]
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [dict(r, model=name) for r in rows]
+        rows.append(dict(model=name, error=f"worker exit {proc.returncode} (rows before it kept)"))
+    return rows
 
 
 def table(rows: list[dict]) -> str:
@@ -293,8 +299,9 @@ def table(rows: list[dict]) -> str:
             continue
         ref = base.get((r["model"], r["workload"]))
         rel = f"{r['tokens_per_s'] / ref:.2f}×" if ref else "–"
+        pk = "–" if r.get("peak_gib") is None else f"{r['peak_gib']:.2f}"
         lines.append(f"| {r['model']} | {r['workload']} ({r['prefix']} + {r['G']} × {r['suffix']}) | {r['mode']} | "
-                     f"{r['precision']} | {r.get('timed_rollouts', r['G'])} | {r['tokens_per_s']:.0f} | {r['step_s']:.1f} | {rel} | {r['peak_gib']:.2f} |")
+                     f"{r['precision']} | {r.get('timed_rollouts', r['G'])} | {r['tokens_per_s']:.0f} | {r['step_s']:.1f} | {rel} | {pk} |")
     return "\n".join(lines)
 
 
@@ -323,6 +330,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads per worker")
     p.add_argument("--models", default="", help="comma-separated subset of the model names")
     p.add_argument("--only", default="", help="comma-separated subset of the modes")
+    p.add_argument("--workloads", default="", help="comma-separated subset of the workloads (retail, mock)")
     p.add_argument("--subset", type=int, default=0,
                    help="time the unshared and bare modes on this many rollouts of each group (0: all G); "
                         "their cost is linear in the rollouts, the shared modes always run the whole group")
@@ -337,7 +345,8 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     only = [m for m in args.only.split(",") if m] or None
     if args.worker:
-        print(json.dumps(worker(json.loads(args.case), args.steps, args.quick, only, args.subset or None)))
+        wl = [x for x in args.workloads.split(",") if x] or None
+        print(json.dumps(worker(json.loads(args.case), args.steps, args.quick, only, args.subset or None, wl)))
         return
     if args.mismatch_worker:
         from sinkflex.models import default_model_dir
@@ -365,7 +374,8 @@ def main() -> None:
     rows: list[dict] = []
     for name, c in cases(args.quick).items():
         if not wanted or name in wanted:
-            rows += run_case(name, c, args.steps, args.threads, args.quick, only, args.subset or None)
+            rows += run_case(name, c, args.steps, args.threads, args.quick, only, args.subset or None,
+                             [x for x in args.workloads.split(",") if x] or None)
     load1 = os.getloadavg()
     device = f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), fast bf16: {cpu_has_fast_bf16()}"
     body = table(rows)
