@@ -130,14 +130,17 @@ class Controller:
                                    f"{self.cfg.run.step_timeout_s:.0f}s (serves v{served})")
             time.sleep(0.5)
 
-    def run_rollouts(self, task_ids: list[str], group_size: int, temperature: float, publish: bool, desc: str) -> list[common_pb2.TrajectoryGroup]:
+    def run_rollouts(self, task_ids: list[str], group_size: int, temperature: float, publish: bool, desc: str,
+                     seed: int | None = None) -> list[common_pb2.TrajectoryGroup]:
+        """One Rollout request; `seed` (default run.seed) seeds every episode's sampling (the rollout
+        service derives one stream per task and sample from it)."""
         r = self.cfg.rollout
         request = rollout_pb2.RolloutRequest(
             env=self.cfg.task.env,
             task_ids=task_ids,
             group_size=group_size,
             sampling=common_pb2.SamplingParams(temperature=temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
-                                               seed=self.cfg.run.seed),
+                                               seed=self.cfg.run.seed if seed is None else seed),
             max_turns=r.max_turns,
             max_context_tokens=r.max_context_tokens,
             publish=publish,
@@ -236,7 +239,10 @@ class Controller:
                 t0 = time.time()
                 self.wait_for_engine(self.v0 + step)  # on-policy: sample with the newest weights only
                 tasks = self.step_tasks(step, pool)
-                groups = self.run_rollouts(tasks, cfg.rollout.group_size, cfg.rollout.temperature, publish=True, desc=f"rollouts v{self.v0 + step}")
+                # a fresh sampling seed per step; validations all use run.seed (common random numbers
+                # across policy versions: the paired differences compare like with like)
+                groups = self.run_rollouts(tasks, cfg.rollout.group_size, cfg.rollout.temperature, publish=True,
+                                           desc=f"rollouts v{self.v0 + step}", seed=cfg.run.seed * 100_003 + step + 1)
                 self.groups_published += len(groups)
                 trajs = [t for g in groups for t in g.trajectories]
                 failed = [t for t in trajs if t.termination_reason == common_pb2.TERMINATION_REASON_INFRASTRUCTURE_ERROR]

@@ -26,6 +26,7 @@ truncation, parse failures.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -77,6 +78,13 @@ class _Tokens:
         self.ids.extend(ids)
         self.logprobs.extend(logprobs)
         self.mask.extend([1] * len(ids))
+
+
+def episode_seed(seed: int, task_id: str, sample: int) -> int:
+    """A 31-bit sampling seed for sample `sample` of task `task_id` under request seed `seed`
+    (blake2b of the three: deterministic, independent across tasks and samples)."""
+    digest = hashlib.blake2b(f"{seed}/{task_id}/{sample}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 class AgentLoop:
@@ -232,7 +240,10 @@ class AgentLoop:
                         max_context_tokens: int, solo_mode: bool = False, publish: bool = True) -> common_pb2.TrajectoryGroup:
         """G episodes of one task, concurrently; scored in one batch; one TrajectoryGroup.
 
-        Sample i uses seed `sampling.seed + i` (when seeded) so the G samples differ. With
+        Sample i of task t uses seed `episode_seed(sampling.seed, t, i)` (when seeded): the G
+        samples differ, and so do the random streams of different tasks (one seed for every task
+        of a request would correlate their samples and make a mean over tasks look far less
+        noisy than it is); the same (seed, task, i) replays the same stream. With
         `publish` and a buffer, the group is `put` into the trajectory buffer (waits under
         backpressure) before it is returned.
         """
@@ -240,7 +251,7 @@ class AgentLoop:
         try:
             specs = [EpisodeSpec(env, task_id, Sampling(sampling.temperature, sampling.top_p, sampling.top_k,
                                                         sampling.max_new_tokens,
-                                                        None if sampling.seed is None else sampling.seed + i),
+                                                        None if sampling.seed is None else episode_seed(sampling.seed, task_id, i)),
                                  max_turns, max_context_tokens, solo_mode) for i in range(group_size)]
             lock = asyncio.Lock()
             trajs = await asyncio.gather(*(self.run_episode(s, lock) for s in specs))
