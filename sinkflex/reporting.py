@@ -132,7 +132,7 @@ def plot_learning_curves(records: list[dict], out_dir: str | Path) -> list[Path]
         ax_r.plot(steps, mean, marker="o", label="reward mean")
         if len(std) == len(mean):
             ax_r.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2, label="± std")
-    ax_r.set(title="Training score", xlabel="policy version (step)", ylabel="trajectory reward", ylim=(-0.05, 1.05))
+    ax_r.set(title="Training score", xlabel="RL step", ylabel="trajectory reward", ylim=(-0.05, 1.05))
     ax_r.legend(loc="best")
     steps, loss = _series(records, "train", "loss")
     if steps:
@@ -147,7 +147,7 @@ def plot_learning_curves(records: list[dict], out_dir: str | Path) -> list[Path]
     pts = [(r["step"], r["reward"]) for r in records if r.get("kind") == "trajectory"]
     if pts:
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], alpha=0.5, s=14)
-    ax.set(title="Trajectory reward", xlabel="step", ylabel="reward", ylim=(-0.05, 1.05))
+    ax.set(title="Trajectory reward", xlabel="RL step", ylabel="reward", ylim=(-0.05, 1.05))
     fig.tight_layout()
     written.append(out_dir / "trajectory_reward.png")
     fig.savefig(written[-1], dpi=120)
@@ -162,7 +162,7 @@ def plot_learning_curves(records: list[dict], out_dir: str | Path) -> list[Path]
         if len(lo) == len(m) == len(hi):
             ax.fill_between(steps, lo, hi, alpha=0.2, label="95% CI")
         ax.legend(loc="best")
-    ax.set(title="Validation mean@1", xlabel="step", ylabel="reward", ylim=(-0.05, 1.05))
+    ax.set(title="Validation mean@1 (held-out)", xlabel="policy version", ylabel="τ²-Bench reward", ylim=(-0.05, 1.05))
     fig.tight_layout()
     written.append(out_dir / "validation.png")
     fig.savefig(written[-1], dpi=120)
