@@ -159,7 +159,8 @@ class BlockwiseSinkAttention(torch.autograd.Function):
         qc = q.to(compute).view(batch, n_kv, n_q // n_kv, q_len, dim)  # KV-major grouping
         kc, vc = k.to(compute), v.to(compute)
         sc = None if sinks is None else sinks.to(compute)
-        out, lse_total = _forward(qc, kc, vc, sc, mask, scale, q_tile, kv_tile)
+        with torch.autocast(q.device.type, enabled=False):  # the math stays fp32 under a caller's bf16 autocast
+            out, lse_total = _forward(qc, kc, vc, sc, mask, scale, q_tile, kv_tile)
         ctx.save_for_backward(qc, kc, vc, sc, out, lse_total)
         ctx.meta = (mask, scale, q_tile, kv_tile, q.dtype, k.dtype, v.dtype, None if sinks is None else sinks.dtype)
         return out.view(batch, n_q, q_len, dim).to(q.dtype)
@@ -171,7 +172,8 @@ class BlockwiseSinkAttention(torch.autograd.Function):
         mask, scale, q_tile, kv_tile, q_dtype, k_dtype, v_dtype, s_dtype = ctx.meta
         batch, n_q, q_len, dim = grad_out.shape
         do = grad_out.to(qc.dtype).reshape(qc.shape)
-        gq, gk, gv, gs = _backward(qc, kc, vc, sc, mask, scale, out, lse_total, do, q_tile, kv_tile)
+        with torch.autocast(qc.device.type, enabled=False):
+            gq, gk, gv, gs = _backward(qc, kc, vc, sc, mask, scale, out, lse_total, do, q_tile, kv_tile)
         gq = gq.view(batch, n_q, q_len, dim).to(q_dtype)
         gs = None if gs is None else gs.to(s_dtype)
         return gq, gk.to(k_dtype), gv.to(v_dtype), gs, None, None, None, None
