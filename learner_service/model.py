@@ -20,30 +20,9 @@ import torch
 from torch import nn
 
 from learner_service.config import ModelConfig
+from sinkflex.hardware import cpu_has_fast_bf16  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True when this CPU computes bfloat16 matmuls natively (AMX-BF16 or AVX512-BF16).
-
-    Read from /proc/cpuinfo flags (``amx_bf16``, ``avx512_bf16``), falling back to
-    ``torch.backends.cpu.get_cpu_capability()``; ``SINKFLEX_CPU_BF16=0/1`` overrides (tests).
-    """
-    forced = os.environ.get("SINKFLEX_CPU_BF16")
-    if forced in ("0", "1"):
-        return forced == "1"
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-        if "amx_bf16" in flags or "avx512_bf16" in flags:
-            return True
-    except OSError:
-        pass
-    try:
-        return torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX_BF16")
-    except Exception:  # noqa: BLE001 - older torch
-        return False
 
 
 @dataclass(frozen=True)

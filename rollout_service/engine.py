@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Coroutine
 
 from sinkflex.errors import failed_precondition, invalid_argument
+from sinkflex.hardware import cpu_has_fast_bf16  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -64,21 +65,6 @@ class Generation:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
-
-
-def cpu_has_fast_bf16() -> bool:
-    """AMX-BF16 / AVX512-BF16 in /proc/cpuinfo (``SINKFLEX_CPU_BF16=0/1`` overrides): the
-    learner's rule (learner_service.model.cpu_has_fast_bf16), repeated so that the rollout
-    service does not import the learner."""
-    forced = os.environ.get("SINKFLEX_CPU_BF16")
-    if forced in ("0", "1"):
-        return forced == "1"
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def resolve_engine_dtype(dtype: str) -> str:
