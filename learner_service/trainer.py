@@ -35,7 +35,7 @@ import logging
 import math
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,7 @@ from learner_service.batch import (
 )
 from learner_service.config import LearnerConfig
 from learner_service.logprobs import picked_logprobs, token_logprobs
-from learner_service.loss import grpo_loss
+from learner_service.loss import LossTerms, grpo_loss
 from learner_service.model import build_model, freeze, resolve_precision, shard_model
 from sinkflex.api.common.v1 import common_pb2
 
@@ -74,6 +74,50 @@ class LearnerState:
     published_version: int = -1
     published_location: str = ""
     warm_start_version: int = 0  # policy version the warm start published (0: no warm start)
+
+
+@dataclasses.dataclass
+class StepTotals:
+    """What one learner step adds up over its micro-batches (and, after `all_reduce`, over
+    ranks): sums, never means. Divide a loss term by `tokens` (N = Σ_i T_i) for its per-token
+    mean (paper eq. (6)'s normaliser)."""
+
+    pg: float = 0.0  # Σ −min(ρÂ, clip(ρ)Â) over optimised tokens
+    kl: float = 0.0  # Σ k3
+    clipped_tokens: float = 0.0  # tokens where the clipped term is the active one
+    ratio: float = 0.0  # Σ ρ
+    tokens: float = 0.0  # Σ mask
+    entropy: float = 0.0  # Σ entropy at optimised tokens
+    positions: float = 0.0  # the rollouts' predicted positions (what an unshared learner computes)
+    positions_computed: float = 0.0  # model positions actually run (shared prefixes once)
+    shared_prefix_rows: float = 0.0
+    shared_prefix_fallback_groups: float = 0.0
+    shared_prefix_positions: float = 0.0
+
+    def add_terms(self, terms: LossTerms, entropy: float, positions: float, positions_computed: float) -> None:
+        """Adds one micro-batch's `grpo_loss` terms (detached sums) and its sizes."""
+        self.pg += terms.pg_sum.item()
+        self.kl += terms.kl_sum.item()
+        self.clipped_tokens += terms.clipped_tokens.item()
+        self.ratio += terms.ratio_sum.item()
+        self.tokens += terms.tokens.item()
+        self.entropy += entropy
+        self.positions += positions
+        self.positions_computed += positions_computed
+
+    def add_layout(self, stats: dict[str, float]) -> None:
+        """Adds `Learner._micro_batches`' shared-prefix counts."""
+        self.shared_prefix_rows += stats["shared_prefix_rows"]
+        self.shared_prefix_fallback_groups += stats["shared_prefix_fallback_groups"]
+        self.shared_prefix_positions += stats["shared_prefix_positions"]
+
+    def all_reduce(self, reduce_: Callable[[torch.Tensor], None]) -> None:
+        """Sums every field over ranks with `reduce_` (an in-place all-reduce of a float64 tensor)."""
+        names = [f.name for f in dataclasses.fields(self)]
+        t = torch.tensor([getattr(self, n) for n in names], dtype=torch.float64)
+        reduce_(t)
+        for n, v in zip(names, t.tolist()):
+            setattr(self, n, v)
 
 
 def _dist() -> tuple[int, int]:
@@ -326,8 +370,7 @@ class Learner:
             rollouts = [dataclasses.replace(r, old_logp_T=o) for r, o in zip(rollouts, old)]
         ref = self._score(self.ref_model, rollouts) if self.ref_model is not None else None
 
-        # pg, kl, clipped, ratio, tokens, entropy, positions, computed positions, shared rows, fallback groups, shared positions
-        sums = torch.zeros(11, dtype=torch.float64)
+        sums = StepTotals()
         grad_norms: list[float] = []
         n = len(rollouts)
         for epoch in range(g.ppo_epochs):
@@ -338,7 +381,7 @@ class Learner:
                     gn = self._optimizer_step(rollouts, mb, ref, sums, track)
                     if gn is not None:
                         grad_norms.append(gn)
-        self._all_reduce_(sums)
+        sums.all_reduce(self._all_reduce_)
         mismatch_max = mismatch[1].item()
         if self.world > 1:
             mx = torch.tensor([mismatch_max], dtype=torch.float64, device=self.device if dist.get_backend() == "nccl" else "cpu")
@@ -351,19 +394,19 @@ class Learner:
         self.state.policy_version += 1
         self.state.step += 1
 
-        tok = max(sums[4].item(), 1.0)
+        tok = max(sums.tokens, 1.0)
         rewards = torch.cat([i.rewards_G for i in infos])
         valid = rewards[~torch.isnan(rewards)]
         adv = torch.tensor([r.advantage for r in rollouts])
         stale = torch.tensor([float(version_at_training - r.policy_version) for r in rollouts])
         metrics = {
             **counts,
-            "loss": (sums[0].item() + g.beta * sums[1].item()) / tok,
-            "pg_loss": sums[0].item() / tok,
-            "kl": sums[1].item() / tok,
-            "clip_fraction": sums[2].item() / tok,
-            "ratio_mean": sums[3].item() / tok,
-            "entropy": sums[5].item() / tok,
+            "loss": (sums.pg + g.beta * sums.kl) / tok,
+            "pg_loss": sums.pg / tok,
+            "kl": sums.kl / tok,
+            "clip_fraction": sums.clipped_tokens / tok,
+            "ratio_mean": sums.ratio / tok,
+            "entropy": sums.entropy / tok,
             "grad_norm": float(sum(grad_norms) / len(grad_norms)) if grad_norms else 0.0,
             "lr": float(self.scheduler.get_last_lr()[0]),
             "reward_mean": float(valid.mean()) if valid.numel() else float("nan"),
@@ -377,13 +420,13 @@ class Learner:
             "staleness_mean": float(stale.mean()),
             "staleness_max": float(stale.max()),
             "rollouts": float(n),
-            "optimised_tokens": sums[4].item() / g.ppo_epochs,
+            "optimised_tokens": sums.tokens / g.ppo_epochs,
             "optimizer_steps": float(len(grad_norms)),
-            "positions_trained": sums[6].item(),
-            "positions_computed": sums[7].item(),
-            "shared_prefix_rows": sums[8].item(),
-            "shared_prefix_fallback_groups": sums[9].item(),
-            "shared_prefix_positions": sums[10].item(),
+            "positions_trained": sums.positions,
+            "positions_computed": sums.positions_computed,
+            "shared_prefix_rows": sums.shared_prefix_rows,
+            "shared_prefix_fallback_groups": sums.shared_prefix_fallback_groups,
+            "shared_prefix_positions": sums.shared_prefix_positions,
             "logprob_mismatch_mean": mismatch[0].item() / max(mismatch[2].item(), 1.0),
             "logprob_mismatch_max": mismatch_max,
             "nonfinite_grad_steps": float(self.skipped_nonfinite),
@@ -410,7 +453,7 @@ class Learner:
         rollouts: list[Rollout],
         mb: list[int],
         ref: list[torch.Tensor] | None,
-        sums: torch.Tensor,
+        sums: StepTotals,
         mismatch: torch.Tensor | None = None,
     ) -> float | None:
         """Forward/backward over this rank's share of mini-batch `mb`, then one AdamW step."""
@@ -423,8 +466,7 @@ class Learner:
         if n_tokens == 0:
             return None
         units, stats = self._micro_batches(rollouts, mb)
-        sums[8:11] += torch.tensor([stats["shared_prefix_rows"], stats["shared_prefix_fallback_groups"],
-                                    stats["shared_prefix_positions"]], dtype=torch.float64)
+        sums.add_layout(stats)
         for unit in units:
             pb = self._picked(rollouts, unit)
             logp_RT, ent_RT = self._forward_picks(self.model, pb, entropy=True)
@@ -445,20 +487,7 @@ class Learner:
                     mismatch[0] += d.sum().cpu()
                     mismatch[1] = max(mismatch[1].item(), d.max().item())
                     mismatch[2] += float(d.numel())
-                sums += torch.tensor(
-                    [
-                        terms.pg_sum.item(),
-                        terms.kl_sum.item(),
-                        terms.clipped_tokens.item(),
-                        terms.ratio_sum.item(),
-                        terms.tokens.item(),
-                        ent_RT[m].sum().item(),
-                        positions,
-                        pb.positions_computed,
-                        0.0, 0.0, 0.0,
-                    ],
-                    dtype=torch.float64,
-                )
+                sums.add_terms(terms, ent_RT[m].sum().item(), positions, pb.positions_computed)
             del logp_RT, ent_RT, loss
         grad_norm = self._clip_grad()
         if not math.isfinite(grad_norm):  # never let one bad batch destroy the weights
