@@ -180,6 +180,13 @@ class TrainConfig(StrictModel):
             raise ValueError(f"learner.batch.groups_per_step ({gps}) must equal task.tasks_per_step ({self.task.tasks_per_step})")
         if self.task.generate is not None and self.task.generate.domain != self.task.env:
             raise ValueError(f"task.generate.domain ({self.task.generate.domain}) must equal task.env ({self.task.env})")
+        if self.services.external() and self.warm_start.enabled:
+            raise ValueError("warm_start.enabled needs the local launcher (the driver writes the demonstrations the learner "
+                             "reads before it starts); with running services, warm-start offline and set models.policy")
+        if self.services.external() and self.task.generate is not None:
+            raise ValueError("task.generate needs the local launcher; with running services, write the tasks with "
+                             "`sinkflex-rl tasks generate` where the env and reward services can read them and list them "
+                             "in task.task_files")
         if self.warm_start.enabled and (self.learner.get("warm_start") or {}):
             raise ValueError("set the warm start in the warm_start section, not in learner.warm_start (the driver fills it in)")
         if self.task.solo_mode is False and self.models.user_simulator is None and not self.services.external():

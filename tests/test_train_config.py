@@ -70,3 +70,20 @@ def test_missing_and_non_yaml_files(tmp_path):
     listing.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_train_config(listing)
+
+
+def test_warm_start_and_generated_tasks_need_the_local_launcher(tmp_path):
+    from driver.config import TrainConfig
+    from sinkflex.config import ConfigError, validate_config
+
+    services = {f"{k}_address": "127.0.0.1:1" for k in ("env", "reward", "rollout", "learner")}
+    with pytest.raises(ConfigError, match="warm_start.enabled needs the local launcher"):
+        validate_config({"services": services, "warm_start": {"enabled": True}}, TrainConfig)
+    with pytest.raises(ConfigError, match="task.generate needs the local launcher"):
+        validate_config({"services": services, "task": {"env": "mock", "generate": {"train": 4, "test": 2}}}, TrainConfig)
+    with pytest.raises(ConfigError, match="must equal task.env"):
+        validate_config({"task": {"env": "retail", "generate": {"train": 4, "test": 2}}, "models": {"user_simulator": None},
+                         "services": {}}, TrainConfig)
+    cfg = validate_config({"task": {"env": "mock", "solo_mode": True, "generate": {"train": 4, "test": 2}},
+                           "warm_start": {"enabled": True}, "models": {"user_simulator": None}}, TrainConfig)
+    assert cfg.warm_start.enabled and cfg.task.generate.train == 4
