@@ -57,7 +57,7 @@ def main() -> None:
     cols = [("reward_mean", "reward mean", ".3f"), ("zero_variance_groups", "zero-var groups", ".0f"),
             ("adv_zero_fraction", "adv = 0 share", ".2f"), ("loss", "loss", ".4f"), ("grad_norm", "grad norm", ".3f"),
             ("clip_fraction", "clip frac", ".3f"), ("logprob_mismatch_mean", "engine/learner |Δlogp| mean", ".4f"),
-            ("positions_trained", "positions", ".0f"), ("rollout_s", "rollout s", ".0f"), ("step_seconds", "learner s", ".0f")]
+            ("positions_trained", "positions", ".0f"), ("positions_computed", "computed", ".0f"), ("rollout_s", "rollout s", ".0f"), ("step_seconds", "learner s", ".0f")]
     print("| RL step | " + " | ".join(c[1] for c in cols) + " |")
     print("|---:|" + "---:|" * len(cols))
     for r in train:
