@@ -62,8 +62,8 @@ class GenerateConfig(StrictModel):
 
     domain: Literal["mock"] = "mock"
     """The domain to generate for (the generator knows τ²-Bench's mock domain)."""
-    train: int = Field(200, ge=1)
-    test: int = Field(64, ge=1)
+    train: int = Field(200, ge=1, le=100_000)
+    test: int = Field(64, ge=1, le=100_000)
     seed: int = 0
 
 

@@ -230,3 +230,31 @@ def test_cli_generate_refuses_other_domains(tmp_path):
 
     r = CliRunner().invoke(app, ["tasks", "generate", "retail", "--train", "1", "--test", "1", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "only the mock domain" in r.output
+
+
+def test_generate_and_check_refuse_bad_input_clearly(tmp_path):
+    """Clear errors (exit 2, no traceback) for an --out that is a file, an existing task set
+    without --force, nothing to generate, too many tasks, and an --address with no server."""
+    from typer.testing import CliRunner
+
+    from driver.cli import app
+
+    runner = CliRunner()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = runner.invoke(app, ["tasks", "generate", "mock", "--train", "2", "--test", "2", "--out", str(afile)])
+    assert r.exit_code == 2 and "is not a directory" in r.output
+    r = runner.invoke(app, ["tasks", "generate", "mock", "--train", "0", "--test", "0", "--out", str(tmp_path / "z")])
+    assert r.exit_code == 2 and "nothing to generate" in r.output
+    r = runner.invoke(app, ["tasks", "generate", "mock", "--train", "200000", "--test", "1", "--out", str(tmp_path / "h")])
+    assert r.exit_code == 2 and "100000" in r.output
+    out = tmp_path / "ok"
+    assert runner.invoke(app, ["tasks", "generate", "mock", "--train", "4", "--test", "2", "--out", str(out)]).exit_code == 0
+    r = runner.invoke(app, ["tasks", "generate", "mock", "--train", "4", "--test", "2", "--out", str(out)])
+    assert r.exit_code == 2 and "--force" in r.output
+    assert runner.invoke(app, ["tasks", "generate", "mock", "--train", "4", "--test", "2", "--out", str(out), "--force"]).exit_code == 0
+    from driver.launcher import free_port
+
+    r = runner.invoke(app, ["tasks", "check", str(out), "--env", "mock", "--address", f"127.0.0.1:{free_port()}",
+                            "--ready-timeout", "1"])
+    assert r.exit_code == 2 and "no env server SERVING" in r.output

@@ -18,16 +18,20 @@ from typing import Optional
 
 import typer
 
+#: Most tasks one `tasks generate` writes per split (the generator holds them all in memory).
+MAX_TASKS = 100_000
+
 app = typer.Typer(help="Task sets in tau2-Bench's format: generate, check by golden replay.", no_args_is_help=True)
 
 
 @app.command()
 def generate(
     domain: str = typer.Argument(..., help="domain to generate tasks for (mock)"),
-    train: int = typer.Option(..., "--train", min=0, help="number of train tasks"),
-    test: int = typer.Option(..., "--test", min=0, help="number of test tasks (held-out users and titles)"),
+    train: int = typer.Option(..., "--train", min=0, max=MAX_TASKS, help="number of train tasks"),
+    test: int = typer.Option(..., "--test", min=0, max=MAX_TASKS, help="number of test tasks (held-out users and titles)"),
     seed: int = typer.Option(0, "--seed", help="generator seed (same seed, same tasks)"),
     out: Path = typer.Option(..., "--out", help="task dir to write (tasks.json, split_tasks.json)"),
+    force: bool = typer.Option(False, "--force", help="overwrite a task set already in --out"),
 ) -> None:
     """Generate tasks of several families (create, status, create_update, forbidden) with splits train/test."""
     from rich.console import Console
@@ -37,6 +41,15 @@ def generate(
 
     if domain != "mock":
         typer.secho(f"error: only the mock domain has a generator, got {domain!r}", fg="red", err=True)
+        raise typer.Exit(2)
+    if out.exists() and not out.is_dir():
+        typer.secho(f"error: --out {out} exists and is not a directory", fg="red", err=True)
+        raise typer.Exit(2)
+    if (out / "tasks.json").exists() and not force:
+        typer.secho(f"error: {out} already holds a task set (tasks.json); pass --force to overwrite it", fg="red", err=True)
+        raise typer.Exit(2)
+    if train + test == 0:
+        typer.secho("error: --train and --test are both 0: nothing to generate", fg="red", err=True)
         raise typer.Exit(2)
     task_set = generate_mock_tasks(train, test, seed)
     write_task_dir(task_set, out)
@@ -61,6 +74,7 @@ def check(
     address: Optional[str] = typer.Option(None, help="env server host:port serving PATH (default: in-process)"),
     user_model: Optional[str] = typer.Option(None, help="user LLM for non-solo tasks (in-process only)"),
     user_base_url: Optional[str] = typer.Option(None, help="user LLM base URL (in-process only)"),
+    ready_timeout: float = typer.Option(10.0, help="seconds to wait for the server at --address to be SERVING"),
 ) -> None:
     """Replay each task's golden actions and report the tasks that do not reach reward 1.0.
 
@@ -81,10 +95,18 @@ def check(
     console = Console(width=120)
     try:
         task_set = load_task_dir(path)
+        if not len(task_set):
+            raise ValueError(f"{path} holds no tasks: nothing to check")
         if address:
             from env_service.client import GrpcEnvClient
 
-            client = GrpcEnvClient(address, wait_ready=True, timeout=120)
+            from sinkflex.serving import wait_for_serving
+
+            client = GrpcEnvClient(address, timeout=120)
+            try:
+                wait_for_serving(client.channel, "", timeout=ready_timeout)
+            except TimeoutError:
+                raise ValueError(f"no env server SERVING at {address} within {ready_timeout:g} s") from None
         else:
             from env_service.client import LocalEnvClient
             from env_service.config import EnvServiceConfig
