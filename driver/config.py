@@ -271,7 +271,25 @@ def load_train_config(path: str | Path) -> TrainConfig:
     Raises:
         ConfigError: naming the bad field, e.g. ``rollout.group_size: Input should be greater than or equal to 1``.
     """
-    return load_config(path, TrainConfig)
+    cfg = load_config(path, TrainConfig)
+    check_service_sections(cfg, source=str(path))
+    return cfg
+
+
+def check_service_sections(cfg: TrainConfig, source: str = "<config>") -> None:
+    """Validates every service section with that service's own config class now, at load,
+    instead of at launch (after Redis, the model and the task set are prepared): the fields the
+    job derives (model paths, addresses, the Redis URL) get placeholders.
+
+    Raises:
+        ConfigError: naming the bad field as `<section>.<field>` and the file.
+    """
+    placeholder = {name: "127.0.0.1:1" for name in ("env", "reward", "rollout", "learner")}
+    try:
+        service_configs(cfg, "<policy>", placeholder, "redis://127.0.0.1:1", None,
+                        demonstrations="<demonstrations>" if cfg.warm_start.enabled else None)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
 
 
 __all__ = ["ConfigError", "TrainConfig", "load_train_config", "service_configs"]

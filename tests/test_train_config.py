@@ -48,7 +48,13 @@ def test_bad_fields_are_named(tmp_path, patch, message):
 
 
 def test_bad_service_section_is_named(tmp_path):
-    cfg = load_train_config(_write(tmp_path, {"learner": {"grpo": {"beta": -1}}}))
+    from driver.config import TrainConfig
+    from sinkflex.config import validate_config
+
+    path = _write(tmp_path, {"learner": {"grpo": {"beta": -1}}})
+    with pytest.raises(ConfigError, match=r"learner[\s\S]*grpo\.beta"):  # at load, since the sections are checked then
+        load_train_config(path)
+    cfg = validate_config(yaml.safe_load(path.read_text()), TrainConfig)  # and at launch, for configs built in code
     with pytest.raises(ConfigError, match=r"learner[\s\S]*grpo\.beta"):
         service_configs(cfg, "/m", ADDRS, "redis://x", None)
 
@@ -87,3 +93,17 @@ def test_warm_start_and_generated_tasks_need_the_local_launcher(tmp_path):
     cfg = validate_config({"task": {"env": "mock", "solo_mode": True, "generate": {"train": 4, "test": 2}},
                            "warm_start": {"enabled": True}, "models": {"user_simulator": None}}, TrainConfig)
     assert cfg.warm_start.enabled and cfg.task.generate.train == 4
+
+
+def test_a_bad_service_field_fails_at_load_not_at_launch(tmp_path):
+    from driver.config import load_train_config
+    from sinkflex.config import ConfigError
+
+    for section, field, msg in [("env_service", {"bogus_field": 1}, "env_service:\n  bogus_field"),
+                                ("learner", {"optim": {"lr": -1}}, "optim.lr"),
+                                ("rollout_service", {"agent": {"max_turns": 0}}, "agent.max_turns")]:
+        path = tmp_path / f"{section}.yaml"
+        path.write_text(yaml.safe_dump({section: field}))
+        with pytest.raises(ConfigError, match=msg) as err:
+            load_train_config(path)
+        assert str(path) in str(err.value)
