@@ -114,6 +114,24 @@ def _eager(q, k, v, sinks, allowed):
 # ---- part 1 ------------------------------------------------------------------------------
 
 
+def _flex_vs_eager(tag: str, mask, allowed, inputs):
+    """The sink path (bf16) and eager attention (bf16) against the float64 reference on one mask:
+    per output/gradient relative errors, checked flex ≤ 2 × eager. Returns (row, flex, exact)."""
+    q, k, v, s, g = inputs
+    exact = _out_and_grads(lambda *a, m=mask: reference_sink_attention(*a, m, DIM**-0.5)[0], q, k, v, s, g)
+    low = [t.to(torch.bfloat16) for t in (q, k, v, s, g)]
+    flex = _out_and_grads(lambda *a, m=mask: sink_path(*a, m, DIM**-0.5), *low)
+    eager = _out_and_grads(lambda *a, al=allowed: _eager(*a, al), *low)
+    row = {}
+    for label, f, e, x in zip(("out", "dq", "dk", "dv", "dsinks"), flex, eager, exact, strict=True):
+        err_flex = ((f.double() - x).norm() / x.norm()).item()
+        err_eager = ((e.double() - x).norm() / x.norm()).item()
+        row[label] = {"flex": err_flex, "eager_bf16": err_eager}
+        check(bool(torch.isfinite(f).all()), f"{tag}: {label} finite")
+        check(err_flex <= 2 * err_eager + 1e-6, f"{tag}: {label} rel err {err_flex:.2e} ≤ 2 × eager {err_eager:.2e}")
+    return row, flex, exact
+
+
 def part_correctness(results: dict) -> None:
     n, pad = (256, 40) if DRY["on"] else (1024, 100)
     key_mask = torch.ones(2, n, dtype=torch.long, device=DEVICE)
@@ -121,21 +139,7 @@ def part_correctness(results: dict) -> None:
     for name, base in (("sliding", generate_sliding_window(WINDOW)), ("full", generate_causal())):
         mask = base & generate_padding(attention_mask=key_mask)
         allowed = mask.dense(2, n, n, torch.device(DEVICE))
-        q, k, v, s, g = _inputs(2, n, torch.float64)
-        exact = _out_and_grads(lambda *a, m=mask: reference_sink_attention(*a, m, DIM**-0.5)[0], q, k, v, s, g)
-        low = [t.to(torch.bfloat16) for t in (q, k, v, s, g)]
-        flex = _out_and_grads(lambda *a, m=mask: sink_path(*a, m, DIM**-0.5), *low)
-        eager = _out_and_grads(lambda *a, al=allowed: _eager(*a, al), *low)
-        row = {}
-        for label, f, e, x in zip(("out", "dq", "dk", "dv", "dsinks"), flex, eager, exact, strict=True):
-            err_flex = ((f.double() - x).norm() / x.norm()).item()
-            err_eager = ((e.double() - x).norm() / x.norm()).item()
-            row[label] = {"flex": err_flex, "eager_bf16": err_eager}
-            check(bool(torch.isfinite(f).all()), f"correctness {name}: {label} finite")
-            check(
-                err_flex <= 2 * err_eager + 1e-6,
-                f"correctness {name}: {label} rel err {err_flex:.2e} ≤ 2 × eager {err_eager:.2e}",
-            )
+        row, flex, _ = _flex_vs_eager(f"correctness {name}", mask, allowed, _inputs(2, n, torch.float64))
         check(flex[0][1, :, :pad].abs().max().item() == 0, f"correctness {name}: fully masked rows are 0")
         results["correctness"][name] = row
 
@@ -152,18 +156,7 @@ def part_shared_prefix(results: dict) -> None:
         mask = generate_shared_prefix(seg, window=window)
         allowed = mask.dense(1, n, n, torch.device(DEVICE))
         q, k, v, s, g = _inputs(1, n, torch.float64, seed=3)
-        exact = _out_and_grads(lambda *a, m=mask: reference_sink_attention(*a, m, DIM**-0.5)[0], q, k, v, s, g)
-        low = [t.to(torch.bfloat16) for t in (q, k, v, s, g)]
-        flex = _out_and_grads(lambda *a, m=mask: sink_path(*a, m, DIM**-0.5), *low)
-        eager = _out_and_grads(lambda *a, al=allowed: _eager(*a, al), *low)
-        row = {}
-        for label, f, e, x in zip(("out", "dq", "dk", "dv", "dsinks"), flex, eager, exact, strict=True):
-            err_flex = ((f.double() - x).norm() / x.norm()).item()
-            err_eager = ((e.double() - x).norm() / x.norm()).item()
-            row[label] = {"flex": err_flex, "eager_bf16": err_eager}
-            check(bool(torch.isfinite(f).all()), f"shared_prefix {name}: {label} finite")
-            check(err_flex <= 2 * err_eager + 1e-6,
-                  f"shared_prefix {name}: {label} rel err {err_flex:.2e} ≤ 2 × eager {err_eager:.2e}")
+        row, _, exact = _flex_vs_eager(f"shared_prefix {name}", mask, allowed, (q, k, v, s, g))
         # the reference on the shared row = each rollout alone (causal / window on its own positions)
         band = generate_sliding_window(window) if window else generate_causal()
         worst = 0.0
