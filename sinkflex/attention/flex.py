@@ -12,7 +12,7 @@ LSE) and the sink logits. GQA uses flex's ``enable_gqa`` (query head h reads kv 
 ``h // (Hq // Hkv)``, the KV-major grouping of `reference`).
 
 On CPU, flex only runs uncompiled and forward-only (it materialises the scores and has
-no backward; see DESIGN.md): this module serves CPU calls only without gradients, as a
+no backward; see docs/architecture.md): this module serves CPU calls only without gradients, as a
 cross-check of the masks; it raises otherwise. Departure from transformers' flex path:
 the rescale is done in float32, not in the value dtype.
 """
