@@ -22,6 +22,7 @@ import yaml
 from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
 from sinkflex.models import resolve_model
 from driver.config import TrainConfig, service_configs
+from sinkflex.config import ConfigError
 from driver.controller import Addresses
 
 log = logging.getLogger(__name__)
@@ -98,11 +99,21 @@ def prepare_task_files(cfg: TrainConfig) -> list[str]:
     files = list(cfg.task.task_files)
     g = cfg.task.generate
     if g is not None:
+        import json
+
         out = cfg.run.dir() / "tasks"
-        if not (out / "tasks.json").is_file():
+        stamp = out / "generate.json"  # what generated them: a re-run with other settings must not reuse them
+        want = g.model_dump(mode="json")
+        if (out / "tasks.json").is_file():
+            have = json.loads(stamp.read_text()) if stamp.is_file() else None
+            if have != want:
+                raise ConfigError(f"{out} holds tasks generated with {have}, but task.generate is now {want}: "
+                                  "delete the folder or choose another run.output_dir")
+        else:
             from tau2_adapter.generate import generate_mock_tasks, write_task_dir
 
             write_task_dir(generate_mock_tasks(train=g.train, test=g.test, seed=g.seed), out)
+            stamp.write_text(json.dumps(want, sort_keys=True) + "\n")
             log.info("generated %d train + %d test %s tasks into %s", g.train, g.test, g.domain, out)
         files.append(str(out))
     return files

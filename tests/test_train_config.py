@@ -107,3 +107,19 @@ def test_a_bad_service_field_fails_at_load_not_at_launch(tmp_path):
         with pytest.raises(ConfigError, match=msg) as err:
             load_train_config(path)
         assert str(path) in str(err.value)
+
+
+def test_a_generated_task_set_is_not_reused_with_other_settings(tmp_path):
+    from driver.config import TrainConfig
+    from driver.local import prepare_task_files
+    from sinkflex.config import ConfigError, validate_config
+
+    def cfg(train):
+        return validate_config({"run": {"output_dir": str(tmp_path / "run")}, "models": {"user_simulator": None},
+                                "task": {"env": "mock", "solo_mode": True, "generate": {"train": train, "test": 2}}}, TrainConfig)
+
+    (files,) = prepare_task_files(cfg(4))
+    assert (tmp_path / "run" / "tasks" / "tasks.json").is_file()
+    assert prepare_task_files(cfg(4)) == [files]  # the same settings: reused
+    with pytest.raises(ConfigError, match="delete the folder or choose another run.output_dir"):
+        prepare_task_files(cfg(6))
