@@ -80,7 +80,9 @@ class GRPOConfig(StrictModel):
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch of groups."""
     mini_batches: int = Field(1, ge=1)
-    """Optimiser steps per epoch; rollouts are shuffled and split into this many mini-batches."""
+    """Optimiser steps per epoch: the step's groups are shuffled and split into this many
+    mini-batches of whole groups (a group is never split, so its shared prefix is computed
+    once per mini-batch; with fewer groups than mini-batches the extra ones are empty)."""
     old_logprobs: Literal["engine", "recompute"] = "engine"
     """π_θold: the engine's sampled log-probs, or recomputed by the learner before the update."""
     filter_zero_variance: bool = False

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class Tick:
     """What rank 0 tells every rank to do this tick."""
 
-    groups: tuple[bytes, ...] = ()  # serialized TrajectoryGroups to train on (empty: none)
+    groups: tuple[common_pb2.TrajectoryGroup, ...] = ()  # groups to train on (empty: none); pickled once by the broadcast
     checkpoint: bool = False
     stop: bool = False
 
@@ -94,7 +94,7 @@ class LearnerRunner:
         with self._lock:
             ckpt = bool(self._ckpt_waiters)
         if len(collected) >= cfg.batch.groups_per_step:
-            return Tick(groups=tuple(e.group.SerializeToString() for e in collected), checkpoint=ckpt)
+            return Tick(groups=tuple(e.group for e in collected), checkpoint=ckpt)
         return Tick(checkpoint=ckpt)
 
     def _broadcast(self, tick: Tick | None) -> Tick:
@@ -161,8 +161,7 @@ class LearnerRunner:
                     dirty = False
                 break
             if tick.groups:
-                groups = [common_pb2.TrajectoryGroup.FromString(b) for b in tick.groups]
-                metrics = learner.train_step(groups)
+                metrics = learner.train_step(tick.groups)
                 if self.on_step is not None and learner.rank == 0:
                     self.on_step(metrics)
                 pending.extend(collected)

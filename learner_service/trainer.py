@@ -20,11 +20,13 @@ prefix is shorter than batch.shared_prefix_min_tokens are trained on unshared ro
 Precision (model.dtype auto): on CUDA bfloat16 weights; on a CPU with fast bfloat16
 (AMX / avx512_bf16) bfloat16 autocast over fp32 weights; fp32 elsewhere (model.resolve_precision).
 Log-softmax, LSE and the GRPO ratio are float32 in every case. logprob_mismatch_mean /
-_max: |engine log-prob − learner log-prob| on the loss-mask tokens of the first epoch.
+_max: |engine log-prob − learner log-prob| on the loss-mask tokens of the first mini-batch
+of the first epoch (before this step's first update).
 
 Departures from the paper: several optimiser steps per version (PPO epochs ×
-mini-batches) are an option (default one); the token count N is per mini-batch (the
-batch of one optimiser step), which is the paper's Σ T_i when there is one mini-batch.
+mini-batches of whole groups) are an option (default one); the token count N is per
+mini-batch (the batch of one optimiser step), which is the paper's Σ T_i when there is
+one mini-batch.
 """
 
 from __future__ import annotations
@@ -373,11 +375,18 @@ class Learner:
         sums = StepTotals()
         grad_norms: list[float] = []
         n = len(rollouts)
+        members: dict[str, list[int]] = {}  # group id -> its rollouts' indices, in group order
+        for i, r in enumerate(rollouts):
+            members.setdefault(r.group_id, []).append(i)
+        group_ids = list(members)
+        n_groups = len(group_ids)
         for epoch in range(g.ppo_epochs):
-            perm = torch.randperm(n, generator=self.shuffle_gen).tolist()
-            for mb in [perm[k * n // g.mini_batches : (k + 1) * n // g.mini_batches] for k in range(g.mini_batches)]:
+            perm = torch.randperm(n_groups, generator=self.shuffle_gen).tolist()
+            for k in range(g.mini_batches):
+                mb = [i for j in perm[k * n_groups // g.mini_batches : (k + 1) * n_groups // g.mini_batches] for i in members[group_ids[j]]]
                 if mb:
-                    track = mismatch if (epoch == 0 and g.old_logprobs == "engine") else None
+                    # engine vs learner before any update: the first mini-batch of the first epoch
+                    track = mismatch if (epoch == 0 and k == 0 and g.old_logprobs == "engine") else None
                     gn = self._optimizer_step(rollouts, mb, ref, sums, track)
                     if gn is not None:
                         grad_norms.append(gn)

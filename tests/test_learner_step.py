@@ -112,6 +112,20 @@ def test_invalid_group_is_refused(tmp_path):
         learner.train_step([bad])
 
 
+def test_mini_batches_keep_groups_whole(tmp_path):
+    """4 groups of 4 in 2 mini-batches: 2 optimiser steps, and each group is one shared-prefix
+    row (its prompt computed once), never split across mini-batches."""
+    over = dict(grpo=dict(mini_batches=2), batch=dict(groups_per_step=4, micro_batch_size=4, shared_prefix_min_tokens=4))
+    groups = [make_group(f"g{i}", [0.0, 1.0, 0.5, 0.2], seed=i, prompt_len=12, lengths=[20, 23, 18, 25]) for i in range(4)]
+    m = Learner(learner_config(tmp_path / "two", TINY_LLAMA, **over), metrics=False).train_step(groups)
+    one = dict(over, grpo=dict(mini_batches=1))
+    m1 = Learner(learner_config(tmp_path / "one", TINY_LLAMA, **one), metrics=False).train_step(groups)
+    assert m["optimizer_steps"] == 2 and m1["optimizer_steps"] == 1
+    assert m["shared_prefix_rows"] == m1["shared_prefix_rows"] == 4 and m["shared_prefix_fallback_groups"] == 0
+    assert m["positions_computed"] == m1["positions_computed"] < m["positions_trained"]
+    assert m["rollouts"] == 16
+
+
 def test_checkpoint_resume_is_bitwise(tmp_path):
     # PPO epochs and mini-batches exercise the shuffle generator, scheduler and Adam state.
     over = dict(grpo=dict(ppo_epochs=2, mini_batches=2), optim=dict(scheduler="linear", warmup_steps=1, total_steps=10))

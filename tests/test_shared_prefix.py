@@ -106,10 +106,14 @@ def test_blockwise_matches_reference_float64(window, tile):
     assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_out)) <= 1e-12
 
 
-def test_sdpa_route_matches_reference_float64():
+@pytest.mark.parametrize("pad_budget", [0.0, 100.0], ids=["per-suffix", "batched"])
+@pytest.mark.parametrize("P, lengths", [(5, [3, 4, 1]), (0, [2, 5]), (6, [1])])
+def test_sdpa_route_matches_reference_float64(monkeypatch, pad_budget, P, lengths):
+    """Both SDPA forms of the suffixes (one call per suffix; one padded batched call) are exact."""
+    from sinkflex.attention import hf
     from sinkflex.attention.hf import _sdpa_shared_prefix
 
-    P, lengths = 5, [3, 4, 1]
+    monkeypatch.setattr(hf, "_PAD_BUDGET", pad_budget)
     N = P + sum(lengths)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, h, N, 8, dtype=torch.float64, generator=g, requires_grad=True) for h in (4, 2, 2))

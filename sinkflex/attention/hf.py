@@ -265,7 +265,17 @@ def _sdpa_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 
 
 def _sdpa_shared_prefix(q: Tensor, k: Tensor, v: Tensor, scale: float, layout) -> Tensor:
-    """Shared-prefix attention by SDPA pieces; ``layout`` = per row ``(P, [(start, end), …])``."""
+    """Shared-prefix attention by SDPA pieces; ``layout`` = per row ``(P, [(start, end), …])``.
+
+    Per row: the prefix is one causal SDPA call; the G suffixes are one batched SDPA call
+    over ``[G, H, S_max, D]`` queries against ``[prefix keys | own suffix keys]`` (the prefix
+    keys broadcast over G, so their gradients from every suffix sum in the expand's
+    backward), with the causal-offset mask; suffixes shorter than ``S_max`` are padded with
+    query rows whose outputs are dropped (zero gradient) and key columns that are masked.
+    When padding would cost more than `_PAD_BUDGET` times the unpadded attention, each
+    suffix is its own call instead. Both are exact (same pairs, same softmax); batching
+    turns G small kernel calls into one (CPU flash attention's backward in particular).
+    """
     import torch.nn.functional as F
 
     gqa = q.shape[1] != k.shape[1]
@@ -276,15 +286,52 @@ def _sdpa_shared_prefix(q: Tensor, k: Tensor, v: Tensor, scale: float, layout) -
         if prefix:
             parts.append(F.scaled_dot_product_attention(
                 qb[:, :, :prefix], kb[:, :, :prefix], vb[:, :, :prefix], is_causal=True, scale=scale, enable_gqa=gqa))
-        for a, e in sufs:
-            n = e - a
-            ks = torch.cat([kb[:, :, :prefix], kb[:, :, a:e]], dim=2)
-            vs = torch.cat([vb[:, :, :prefix], vb[:, :, a:e]], dim=2)
-            cols = torch.arange(prefix + n, device=q.device)
-            allowed = (cols[None, :] < prefix) | (cols[None, :] - prefix <= torch.arange(n, device=q.device)[:, None])
-            parts.append(F.scaled_dot_product_attention(qb[:, :, a:e], ks, vs, attn_mask=allowed, scale=scale, enable_gqa=gqa))
+        lengths = [e - a for a, e in sufs]
+        s_max = max(lengths, default=0)
+        padded = len(sufs) * s_max * (prefix + s_max)
+        unpadded = sum(n * (prefix + n) for n in lengths)
+        if len(sufs) > 1 and padded <= _PAD_BUDGET * unpadded:
+            parts.append(_sdpa_suffixes_batched(qb, kb, vb, scale, prefix, sufs, s_max, gqa))
+        else:
+            for a, e in sufs:
+                n = e - a
+                ks = torch.cat([kb[:, :, :prefix], kb[:, :, a:e]], dim=2)
+                vs = torch.cat([vb[:, :, :prefix], vb[:, :, a:e]], dim=2)
+                cols = torch.arange(prefix + n, device=q.device)
+                allowed = (cols[None, :] < prefix) | (cols[None, :] - prefix <= torch.arange(n, device=q.device)[:, None])
+                parts.append(F.scaled_dot_product_attention(qb[:, :, a:e], ks, vs, attn_mask=allowed, scale=scale, enable_gqa=gqa))
         rows.append(torch.cat(parts, dim=2))
     return torch.cat(rows, dim=0)
+
+
+#: batch a row's suffixes into one SDPA call while padding costs at most this much extra attention
+_PAD_BUDGET = 1.5
+
+
+def _sdpa_suffixes_batched(qb: Tensor, kb: Tensor, vb: Tensor, scale: float, prefix: int, sufs, s_max: int, gqa: bool) -> Tensor:
+    """``[1, Hq, Σ n_g, D]`` attention of one row's G suffixes in one SDPA call (see `_sdpa_shared_prefix`)."""
+    import torch.nn.functional as F
+
+    dev = qb.device
+    starts = torch.tensor([a for a, _ in sufs], device=dev)
+    lengths = torch.tensor([e - a for a, e in sufs], device=dev)
+    s = torch.arange(s_max, device=dev)
+    idx = starts[:, None] + torch.minimum(s[None, :], lengths[:, None] - 1)  # [G, S] packed index (pads repeat the last)
+
+    def own(x: Tensor) -> Tensor:  # [1, H, N, D] -> [G, H, S, D]
+        return x[0][:, idx].transpose(0, 1)
+
+    def keys(x: Tensor) -> Tensor:  # [G, H, P + S, D]: the prefix (broadcast) then the suffix's own
+        return torch.cat([x[:, :, :prefix].expand(len(sufs), -1, -1, -1), own(x)], dim=2)
+
+    cols = torch.arange(prefix + s_max, device=dev)
+    own_col = cols - prefix  # [P + S]: the key's index inside the suffix (negative: prefix)
+    allowed = (own_col[None, None, :] < 0) | (
+        (own_col[None, None, :] <= s[None, :, None]) & (own_col[None, None, :] < lengths[:, None, None])
+    )  # [G, S, P + S]: a pad query row still sees the prefix / its suffix, so no row is empty
+    out = F.scaled_dot_product_attention(own(qb), keys(kb), keys(vb), attn_mask=allowed[:, None], scale=scale, enable_gqa=gqa)
+    real = (s[None, :] < lengths[:, None]).flatten()  # [G·S] rows that are real queries, in suffix order
+    return out.transpose(0, 1).flatten(1, 2)[:, real].unsqueeze(0)  # [1, H, Σ n_g, D]
 
 
 def layer_masks(config, mask: MaskSpec) -> dict[str, MaskSpec]:
