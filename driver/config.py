@@ -46,6 +46,11 @@ class TaskConfig(StrictModel):
     """Tasks (= groups) per learner step."""
     task_ids: Optional[list[str]] = None
     """Train only on these tasks (default: the whole train split, in a seeded shuffled order)."""
+    order: Literal["shuffled", "stratified"] = "shuffled"
+    """Order of the train tasks, cycled in blocks of tasks_per_step. shuffled: a seeded
+    shuffle. stratified: the same shuffle dealt round-robin across the tasks' τ²-Bench
+    ``description.purpose`` (ListTasks' description), so that every block covers the kinds
+    of task as evenly as their counts allow (`driver.controller.stratified_order`)."""
     solo_mode: bool = False
     """The agent acts alone (no user simulator), where the environment supports it."""
     task_files: list[str] = []

@@ -6,7 +6,8 @@ serves the warm-start policy (version 1), validate it. Then one RL step of the l
 (on-policy, synchronous, as in the paper's VERL-style dataflow):
 
     wait until the rollout engine serves version v            # never sample with stale weights
-    tasks  = the next `tasks_per_step` tasks of the train split (seeded shuffle, cycled)
+    tasks  = the next `tasks_per_step` tasks of the train split (seeded shuffle,
+             optionally stratified by task purpose: task.order; cycled)
     groups = RolloutService.Rollout(tasks, G, publish=True)   # scored groups → Redis stream
     wait until LearnerService.Status().policy_version > v     # the learner consumed them,
                                                               # took a GRPO step, wrote
@@ -84,11 +85,17 @@ class Controller:
 
     # -- tasks ---------------------------------------------------------------------------
     def train_tasks(self) -> list[str]:
+        """The train tasks in RL order (task.order): a seeded shuffle, optionally stratified."""
         t = self.cfg.task
-        ids = t.task_ids or [x.task_id for x in self.env.ListTasks(env_pb2.ListTasksRequest(env=t.env, split=t.train_split)).tasks]
+        listed: dict[str, str] = {}
+        if not t.task_ids or t.order == "stratified":
+            listed = {x.task_id: x.description for x in self.env.ListTasks(env_pb2.ListTasksRequest(env=t.env, split=t.train_split)).tasks}
+        ids = list(t.task_ids or listed)
         if not ids:
             raise ValueError(f"no tasks in split {t.train_split!r} of env {t.env!r}")
         random.Random(self.cfg.run.seed).shuffle(ids)
+        if t.order == "stratified":
+            ids = stratified_order(ids, {i: listed.get(i, "") for i in ids})
         return ids
 
     def eval_tasks(self) -> list[str]:
@@ -276,6 +283,31 @@ class Controller:
 
 def validation_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "validation"
+
+
+def stratified_order(ids: list[str], stratum: dict[str, str]) -> list[str]:
+    """``ids`` dealt round-robin across strata, keeping each stratum's order of ``ids``.
+
+    Strata are taken in the order their first member appears in ``ids``; each round takes
+    the next task of every stratum not yet exhausted. So any ``k`` consecutive tasks hold
+    ``k // S`` or more of each of the S strata while every stratum has tasks left (a
+    stratum that runs out drops from later rounds).
+
+    Args:
+        ids: task ids, already in the wanted (e.g. seeded shuffled) order.
+        stratum: task id -> stratum key (here τ²-Bench's ``Task.description.purpose``).
+
+    Returns:
+        a permutation of ``ids``.
+    """
+    by: dict[str, list[str]] = {}
+    for i in ids:
+        by.setdefault(stratum.get(i, ""), []).append(i)
+    queues = list(by.values())
+    out: list[str] = []
+    for r in range(max((len(q) for q in queues), default=0)):
+        out.extend(q[r] for q in queues if r < len(q))
+    return out
 
 
 def read_validations(run_dir: str | Path) -> list[dict]:

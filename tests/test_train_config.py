@@ -123,3 +123,17 @@ def test_a_generated_task_set_is_not_reused_with_other_settings(tmp_path):
     assert prepare_task_files(cfg(4)) == [files]  # the same settings: reused
     with pytest.raises(ConfigError, match="delete the folder or choose another run.output_dir"):
         prepare_task_files(cfg(6))
+
+
+def test_stratified_order_deals_strata_round_robin():
+    from driver.controller import stratified_order
+
+    ids = ["c1", "c2", "s1", "c3", "u1", "s2", "c4", "u2"]
+    kind = {i: {"c": "create", "s": "status", "u": "update"}[i[0]] for i in ids}
+    out = stratified_order(ids, kind)
+    assert sorted(out) == sorted(ids)
+    assert out == ["c1", "s1", "u1", "c2", "s2", "u2", "c3", "c4"]  # each stratum keeps its own order
+    # every block of 3 while all strata last holds one of each
+    assert all(len({kind[i] for i in out[k : k + 3]}) == 3 for k in (0, 3))
+    assert stratified_order([], {}) == []
+    assert stratified_order(["a", "b"], {}) == ["a", "b"]  # no strata known: the order is kept
