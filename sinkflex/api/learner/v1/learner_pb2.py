@@ -24,13 +24,14 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%sinkflex/api/learner/v1/learner.proto\x12\x17sinkflex.api.learner.v1\"\x0f\n\rStatusRequest\"\xc5\x01\n\x0eStatusResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x16\n\x0egroups_trained\x18\x03 \x01(\x03\x12\x45\n\x07metrics\x18\x04 \x03(\x0b\x32\x34.sinkflex.api.learner.v1.StatusResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x13\n\x11\x43heckpointRequest\"H\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\"\x16\n\x14PolicyVersionRequest\"A\n\x15PolicyVersionResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x10\n\x08location\x18\x02 \x01(\t2\xc2\x02\n\x0eLearnerService\x12Y\n\x06Status\x12&.sinkflex.api.learner.v1.StatusRequest\x1a\'.sinkflex.api.learner.v1.StatusResponse\x12\x65\n\nCheckpoint\x12*.sinkflex.api.learner.v1.CheckpointRequest\x1a+.sinkflex.api.learner.v1.CheckpointResponse\x12n\n\rPolicyVersion\x12-.sinkflex.api.learner.v1.PolicyVersionRequest\x1a..sinkflex.api.learner.v1.PolicyVersionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%sinkflex/api/learner/v1/learner.proto\x12\x17sinkflex.api.learner.v1\"\x0f\n\rStatusRequest\"\xc5\x01\n\x0eStatusResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x16\n\x0egroups_trained\x18\x03 \x01(\x03\x12\x45\n\x07metrics\x18\x04 \x03(\x0b\x32\x34.sinkflex.api.learner.v1.StatusResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x13\n\x11\x43heckpointRequest\"H\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\"\x16\n\x14PolicyVersionRequest\"A\n\x15PolicyVersionResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x10\n\x08location\x18\x02 \x01(\t2\xc2\x02\n\x0eLearnerService\x12Y\n\x06Status\x12&.sinkflex.api.learner.v1.StatusRequest\x1a\'.sinkflex.api.learner.v1.StatusResponse\x12\x65\n\nCheckpoint\x12*.sinkflex.api.learner.v1.CheckpointRequest\x1a+.sinkflex.api.learner.v1.CheckpointResponse\x12n\n\rPolicyVersion\x12-.sinkflex.api.learner.v1.PolicyVersionRequest\x1a..sinkflex.api.learner.v1.PolicyVersionResponseBJZHgithub.com/sinkflex/sinkflex-rl/gen/go/sinkflex/api/learner/v1;learnerv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sinkflex.api.learner.v1.learner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'ZHgithub.com/sinkflex/sinkflex-rl/gen/go/sinkflex/api/learner/v1;learnerv1'
   _globals['_STATUSRESPONSE_METRICSENTRY']._loaded_options = None
   _globals['_STATUSRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_STATUSREQUEST']._serialized_start=66

@@ -25,13 +25,14 @@ _sym_db = _symbol_database.Default()
 from sinkflex.api.common.v1 import common_pb2 as sinkflex_dot_api_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#sinkflex/api/reward/v1/reward.proto\x12\x16sinkflex.api.reward.v1\x1a#sinkflex/api/common/v1/common.proto\"\xb9\x01\n\x0cScoreRequest\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x31\n\x08messages\x18\x03 \x03(\x0b\x32\x1f.sinkflex.api.common.v1.Message\x12\x45\n\x12termination_reason\x18\x04 \x01(\x0e\x32).sinkflex.api.common.v1.TerminationReason\x12\x11\n\tsolo_mode\x18\x05 \x01(\x08\"K\n\rScoreResponse\x12:\n\tbreakdown\x18\x01 \x01(\x0b\x32\'.sinkflex.api.common.v1.RewardBreakdown\"H\n\x11ScoreBatchRequest\x12\x33\n\x05items\x18\x01 \x03(\x0b\x32$.sinkflex.api.reward.v1.ScoreRequest\"o\n\x0eScoreBatchItem\x12:\n\tbreakdown\x18\x01 \x01(\x0b\x32\'.sinkflex.api.common.v1.RewardBreakdown\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_code\x18\x03 \x01(\x05\"K\n\x12ScoreBatchResponse\x12\x35\n\x05items\x18\x01 \x03(\x0b\x32&.sinkflex.api.reward.v1.ScoreBatchItem2\xca\x01\n\rRewardService\x12T\n\x05Score\x12$.sinkflex.api.reward.v1.ScoreRequest\x1a%.sinkflex.api.reward.v1.ScoreResponse\x12\x63\n\nScoreBatch\x12).sinkflex.api.reward.v1.ScoreBatchRequest\x1a*.sinkflex.api.reward.v1.ScoreBatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#sinkflex/api/reward/v1/reward.proto\x12\x16sinkflex.api.reward.v1\x1a#sinkflex/api/common/v1/common.proto\"\xb9\x01\n\x0cScoreRequest\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x31\n\x08messages\x18\x03 \x03(\x0b\x32\x1f.sinkflex.api.common.v1.Message\x12\x45\n\x12termination_reason\x18\x04 \x01(\x0e\x32).sinkflex.api.common.v1.TerminationReason\x12\x11\n\tsolo_mode\x18\x05 \x01(\x08\"K\n\rScoreResponse\x12:\n\tbreakdown\x18\x01 \x01(\x0b\x32\'.sinkflex.api.common.v1.RewardBreakdown\"H\n\x11ScoreBatchRequest\x12\x33\n\x05items\x18\x01 \x03(\x0b\x32$.sinkflex.api.reward.v1.ScoreRequest\"o\n\x0eScoreBatchItem\x12:\n\tbreakdown\x18\x01 \x01(\x0b\x32\'.sinkflex.api.common.v1.RewardBreakdown\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_code\x18\x03 \x01(\x05\"K\n\x12ScoreBatchResponse\x12\x35\n\x05items\x18\x01 \x03(\x0b\x32&.sinkflex.api.reward.v1.ScoreBatchItem2\xca\x01\n\rRewardService\x12T\n\x05Score\x12$.sinkflex.api.reward.v1.ScoreRequest\x1a%.sinkflex.api.reward.v1.ScoreResponse\x12\x63\n\nScoreBatch\x12).sinkflex.api.reward.v1.ScoreBatchRequest\x1a*.sinkflex.api.reward.v1.ScoreBatchResponseBHZFgithub.com/sinkflex/sinkflex-rl/gen/go/sinkflex/api/reward/v1;rewardv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sinkflex.api.reward.v1.reward_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'ZFgithub.com/sinkflex/sinkflex-rl/gen/go/sinkflex/api/reward/v1;rewardv1'
   _globals['_SCOREREQUEST']._serialized_start=101
   _globals['_SCOREREQUEST']._serialized_end=286
   _globals['_SCORERESPONSE']._serialized_start=288
