@@ -52,7 +52,7 @@ def wait_for_serving(channel: grpc.Channel, service: str = "", timeout: float = 
 
     stub = health_pb2_grpc.HealthStub(channel)
     deadline = time.monotonic() + timeout
-    last: Exception | str = "no answer"
+    last = "no answer"
     while time.monotonic() < deadline:
         try:
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
@@ -60,7 +60,7 @@ def wait_for_serving(channel: grpc.Channel, service: str = "", timeout: float = 
                 return
             last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
         except grpc.RpcError as err:  # not up yet
-            last = err
+            last = f"{err.code().name}: {err.details()}"
         time.sleep(0.1)
     raise TimeoutError(f"service {service!r} not SERVING after {timeout:.0f}s: {last}")
 

@@ -34,11 +34,22 @@ def check(
     task: Optional[str] = typer.Option(None, help="task to run (default: the env's first task)"),
     solo: Optional[bool] = typer.Option(None, "--solo/--no-solo", help="solo mode (default: where the env supports it)"),
     timeout: float = typer.Option(120.0, help="seconds per call"),
+    ready_timeout: float = typer.Option(5.0, help="seconds for the server to accept a connection and be SERVING"),
+    concurrency: int = typer.Option(6, min=2, help="sessions the concurrency check runs at once"),
+    max_sessions: Optional[int] = typer.Option(None, min=1, help="the server's session limit: also check Reset beyond it"),
 ) -> None:
-    """Run the conformance suite against an env server; print what passes and fails."""
-    from env_service.conformance import format_results, run_checks
+    """Run the conformance suite against an env server; print what passes and fails.
 
-    results = run_checks(address, env=env, task_id=task, solo=solo, timeout=timeout)
+    Exit code 0: every check passed; 1: some failed; 2: nothing reachable at ADDRESS.
+    """
+    from env_service.conformance import EnvUnreachable, format_results, run_checks
+
+    try:
+        results = run_checks(address, env=env, task_id=task, solo=solo, timeout=timeout, ready_timeout=ready_timeout,
+                             concurrency=concurrency, max_sessions=max_sessions)
+    except EnvUnreachable as err:
+        typer.secho(f"error: {err}", fg="red", err=True)
+        raise typer.Exit(2) from None
     typer.echo(format_results(results))
     if not all(r.passed for r in results):
         raise typer.Exit(1)
