@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -45,9 +46,9 @@ def test_example_imports_only_the_contract():
 
 
 def test_example_env_passes_env_check(bookshop):
-    result = CliRunner().invoke(app, ["env", "check", bookshop, "--timeout", "30"])
+    result = CliRunner().invoke(app, ["env", "check", bookshop, "--timeout", "30", "--max-sessions", "256"])
     assert result.exit_code == 0, result.output
-    assert "12/12 checks passed" in result.output
+    assert "16/16 checks passed" in result.output
     assert not [line for line in result.output.splitlines() if line.startswith("FAIL")]
 
 
@@ -65,10 +66,17 @@ def test_example_env_through_remote_gym(bookshop):
     env.close()
 
 
-def test_check_reports_failures():
-    """Nothing listens on the port: every check fails and the exit code says so."""
-    result = CliRunner().invoke(app, ["env", "check", f"127.0.0.1:{_free_port()}", "--timeout", "1"])
-    assert result.exit_code == 1 and "PASS" not in result.output and "0/12 checks passed" in result.output
+def test_check_unreachable_fails_fast_and_clearly():
+    """Nothing listens on the port: no check runs, the error says why, within --ready-timeout
+    (5 s by default), whatever the per-call --timeout."""
+    port = _free_port()
+    t0 = time.monotonic()
+    result = CliRunner().invoke(app, ["env", "check", f"127.0.0.1:{port}"])
+    elapsed = time.monotonic() - t0
+    assert result.exit_code == 2 and elapsed < 10, (elapsed, result.output)
+    assert f"error: no env server reachable at 127.0.0.1:{port} within 5 s" in result.output
+    assert "Connection refused" in result.output and "is it running" in result.output
+    assert "PASS" not in result.output and "RpcError" not in result.output and "<_" not in result.output
 
 
 def test_python_m_env_service_check_replay_and_sigterm(tmp_path):
@@ -80,9 +88,10 @@ def test_python_m_env_service_check_replay_and_sigterm(tmp_path):
                              "--max-sessions", "8", "--session-ttl", "60", "--metrics-port", str(metrics_port)], cwd=ROOT, env=env)
     try:
         address = f"127.0.0.1:{port}"
-        check = CliRunner().invoke(app, ["env", "check", address, "--timeout", "120"])
+        check = CliRunner().invoke(app, ["env", "check", address, "--timeout", "120", "--ready-timeout", "120",
+                                         "--max-sessions", "8"])
         assert check.exit_code == 0, check.output
-        assert "12/12 checks passed" in check.output
+        assert "16/16 checks passed" in check.output
         replay = CliRunner().invoke(app, ["env", "replay", "--env", "mock", "--task", "create_task_1", "--solo", "--address", address])
         assert replay.exit_code == 0, replay.output
         assert "termination=agent_stop server_reward=1" in replay.output and "reward=1 " in replay.output
