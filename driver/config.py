@@ -60,6 +60,21 @@ class TaskConfig(StrictModel):
     generate: Optional["GenerateConfig"] = None
     """Generate a mock-domain task set into <run dir>/tasks at start (if not there yet) and
     add it to task_files (`sinkflex-rl tasks generate`)."""
+    reward: Literal["service", "env"] = "service"
+    """Where the reward of `env` (training and validation) comes from. service: a reward service
+    (reward.v1) scores every episode: τ²-Bench's checker (the local reward service, or
+    services.reward_address), or the one at `reward_address`; training fails at start, naming
+    the env and the address, when it does not know the env or a task. env: the env's own
+    terminal reward (StepResponse.reward of the step that ended the episode, with its breakdown
+    if the env sends one), never overwritten; for envs plugged in over gRPC (examples/). Filled
+    into rollout_service.envs.<env>."""
+    reward_address: Optional[str] = None
+    """reward: service only: the RewardService ("host:port", anyone's reward.v1) that scores `env`
+    instead of the experiment's reward service."""
+    text_ends_episode: bool = False
+    """A reply with text and no tool call ends the episode (sent with StepRequest.stop), for envs
+    with no user to talk to (examples/bookshop ends an episode only on stop). False: the text
+    goes to the user (τ²-Bench). Filled into rollout_service.envs.<env>."""
 
 
 class GenerateConfig(StrictModel):
@@ -119,7 +134,9 @@ class ModelsConfig(StrictModel):
 
 
 class ServicesConfig(StrictModel):
-    """Addresses of services that already run. All empty: launch everything locally."""
+    """Addresses of services that already run. All empty: launch everything locally. Only
+    env_address: an env server that already runs (e.g. one plugged in over gRPC, examples/), the
+    other services are launched locally."""
 
     env_address: Optional[str] = None
     reward_address: Optional[str] = None
@@ -128,15 +145,21 @@ class ServicesConfig(StrictModel):
     redis_url: Optional[str] = None
 
     def external(self) -> bool:
-        return any([self.env_address, self.reward_address, self.rollout_address, self.learner_address])
+        """Every service runs already: connect, launch nothing."""
+        return all([self.env_address, self.reward_address, self.rollout_address, self.learner_address])
+
+    def env_only(self) -> bool:
+        """Only the env server runs already: launch the others locally, no env service."""
+        return bool(self.env_address) and not any([self.reward_address, self.rollout_address, self.learner_address])
 
     @model_validator(mode="after")
     def _all_or_none(self) -> "ServicesConfig":
         addrs = {"env_address": self.env_address, "reward_address": self.reward_address,
                  "rollout_address": self.rollout_address, "learner_address": self.learner_address}
-        if any(addrs.values()) and not all(addrs.values()):
+        if any(addrs.values()) and not all(addrs.values()) and not self.env_only():
             missing = ", ".join(k for k, v in addrs.items() if not v)
-            raise ValueError(f"set all service addresses to connect to running services, or none to launch locally (missing: {missing})")
+            raise ValueError(f"set all service addresses to connect to running services, none to launch locally, or only "
+                             f"env_address to launch the others locally against a running env (missing: {missing})")
         return self
 
 
@@ -194,9 +217,30 @@ class TrainConfig(StrictModel):
                              "in task.task_files")
         if self.warm_start.enabled and (self.learner.get("warm_start") or {}):
             raise ValueError("set the warm start in the warm_start section, not in learner.warm_start (the driver fills it in)")
-        if self.task.solo_mode is False and self.models.user_simulator is None and not self.services.external():
+        if self.services.env_only() and self.env_service:
+            raise ValueError("env_service configures the local env service, but services.env_address names a running env "
+                             "server (nothing is launched for it)")
+        if self.services.env_only() and self.task.generate is not None:
+            raise ValueError("task.generate writes tasks for the local env service; with services.env_address the env "
+                             "server's own tasks are used")
+        if (self.task.solo_mode is False and self.models.user_simulator is None and not self.services.external()
+                and not self.services.env_only()):
             raise ValueError("models.user_simulator is required unless task.solo_mode is true")
+        if self.task.reward_address and self.task.reward != "service":
+            raise ValueError("task.reward_address is set, but task.reward is 'env' (the env's own reward needs no reward service)")
+        route = (self.rollout_service.get("envs") or {}).get(self.task.env)
+        if isinstance(route, dict):
+            for key, value in [("reward", self.task.reward), ("reward_address", self.task.reward_address),
+                               ("text_ends_episode", self.task.text_ends_episode)]:
+                if key in route and route[key] != value:
+                    raise ValueError(f"rollout_service.envs.{self.task.env}.{key} ({route[key]!r}) must equal task.{key} "
+                                     f"({value!r}): set it in the task section")
         return self
+
+    def uses_local_reward_service(self) -> bool:
+        """The local launch needs τ²-Bench's reward service: task.env is scored by it, or the warm
+        start builds its demonstrations with it."""
+        return self.warm_start.enabled or (self.task.reward == "service" and not self.task.reward_address)
 
 
 def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str], redis_url: str, user_base_url: str | None,
@@ -209,7 +253,9 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
         demonstrations: the warm start's demonstration file (learner.warm_start.demonstrations).
 
     Returns {"env_service": EnvServiceConfig, "reward_service": RewardServiceConfig,
-    "rollout_service": RolloutConfig, "learner": LearnerConfig}.
+    "rollout_service": RolloutConfig, "learner": LearnerConfig}; without "env_service" when the
+    env runs already (services.env_address only), and without "reward_service" when nothing
+    launched locally uses it (`TrainConfig.uses_local_reward_service`).
 
     Raises:
         ConfigError: a service section has a bad field (named as `<section>.<field>`).
@@ -220,6 +266,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
     from rollout_service.config import RolloutConfig
 
     run_dir = cfg.run.dir()
+    t = cfg.task
     files = list(cfg.task.task_files if task_files is None else task_files)
     env_defaults: dict[str, Any] = {"domains": [cfg.task.env]}
     reward_defaults: dict[str, Any] = {}
@@ -240,7 +287,8 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
                 "top_p": cfg.rollout.top_p,
             },
             "env_address": addresses["env"],
-            "reward_address": addresses["reward"],
+            "reward_address": addresses.get("reward") or None,
+            "envs": {t.env: {"reward": t.reward, "reward_address": t.reward_address, "text_ends_episode": t.text_ends_episode}},
             "redis_url": redis_url,
         },
         cfg.rollout_service,
@@ -261,13 +309,18 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
         w = cfg.warm_start
         learner = merge_dicts(learner, {"warm_start": {"demonstrations": demonstrations, "epochs": w.epochs, "lr": w.lr,
                                                        "batch_size": w.batch_size, "warmup_steps": w.warmup_steps}})
-    return {
-        "env_service": validate_config(env, EnvServiceConfig, source="env_service"),
+    out = {
+        "env_service": None if cfg.services.env_only() else validate_config(env, EnvServiceConfig, source="env_service"),
         "reward_service": validate_config(merge_dicts(reward_defaults, cfg.reward_service), RewardServiceConfig,
                                           source="reward_service"),
         "rollout_service": validate_config(rollout, RolloutConfig, source="rollout_service"),
         "learner": validate_config(learner, LearnerConfig, source="learner"),
     }
+    if cfg.services.env_only():
+        del out["env_service"]
+    if not cfg.services.external() and not cfg.uses_local_reward_service():
+        del out["reward_service"]
+    return out
 
 
 def load_train_config(path: str | Path) -> TrainConfig:

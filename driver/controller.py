@@ -20,6 +20,12 @@ tasks; pass^k for k = 1..trials; each validation's per-task rewards are written 
 <run dir>/validation/<label>.json so that two validations can be compared paired over the
 same tasks (`paired_difference`).
 
+Before anything else (`check_reward`): when task.env is scored by a reward service
+(task.reward: service), that service must know the env and every train and eval task; if it
+does not, training fails at start with a ConfigError naming the env and the service's
+address, instead of learning from zeros. With task.reward: env the env's own terminal reward
+is the reward, and no reward service is asked.
+
 The controller owns no model and no tensor: it talks to services over gRPC only, so the
 same loop drives local processes and a cluster. The learner is the source of truth for
 the policy version; a re-run resumes from the learner's checkpoint.
@@ -42,6 +48,8 @@ from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.env.v1 import env_pb2, env_pb2_grpc
 from sinkflex.api.learner.v1 import learner_pb2, learner_pb2_grpc
 from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from sinkflex.config import ConfigError
+from sinkflex.errors import ServiceError
 from sinkflex.reporting import MetricsWriter, mean_ci, pass_hat_k
 from sinkflex.serving import make_channel
 from driver.config import TrainConfig
@@ -53,6 +61,7 @@ log = logging.getLogger(__name__)
 class Addresses:
     env: str
     reward: str
+    """"": no reward service was launched (nothing uses it: task.reward env, or task.reward_address)."""
     rollout: str
     learner: str
 
@@ -69,7 +78,8 @@ class Controller:
     def __init__(self, cfg: TrainConfig, addresses: Addresses, alive_check=lambda: None):
         self.cfg = cfg
         self.alive_check = alive_check
-        self._channels = {name: make_channel(addr) for name, addr in vars(addresses).items()}
+        self.addresses = addresses
+        self._channels = {name: make_channel(addr) for name, addr in vars(addresses).items() if addr}
         self.env = env_pb2_grpc.EnvServiceStub(self._channels["env"])
         self.rollout = rollout_pb2_grpc.RolloutServiceStub(self._channels["rollout"])
         self.learner = learner_pb2_grpc.LearnerServiceStub(self._channels["learner"])
@@ -108,6 +118,32 @@ class Controller:
         return [pool[(step * n + i) % len(pool)] for i in range(n)]
 
     # -- services ------------------------------------------------------------------------
+    def reward_address(self) -> str | None:
+        """The address of the reward service that scores task.env; None: the env's own reward."""
+        t = self.cfg.task
+        return None if t.reward == "env" else (t.reward_address or self.addresses.reward)
+
+    def check_reward(self, task_ids: list[str]) -> None:
+        """Fails unless the reward service that scores task.env knows it and every task in `task_ids`.
+
+        Raises:
+            ConfigError: naming the env, the task(s) and the reward service's address.
+        """
+        address = self.reward_address()
+        if address is None:
+            return
+        from reward_service.client import GrpcRewardClient, unknown_message, unknown_tasks
+
+        env = self.cfg.task.env
+        with GrpcRewardClient(address, timeout=60) as client:
+            try:
+                unknown = unknown_tasks(client, env, list(dict.fromkeys(task_ids)), self.cfg.task.solo_mode)
+            except ServiceError as err:
+                raise ConfigError(f"env {env!r} is scored by the reward service at {address}, which did not answer "
+                                  f"({err.code.name}: {err.message})") from None
+        if unknown:
+            raise ConfigError(unknown_message(env, address, unknown))
+
     def learner_status(self) -> learner_pb2.StatusResponse:
         return self.learner.Status(learner_pb2.StatusRequest(), timeout=30)
 
@@ -229,13 +265,14 @@ class Controller:
     def run(self) -> int:
         """Trains until the learner's policy version reaches `v0 + run.steps`. Returns that version."""
         cfg = self.cfg
+        pool = self.train_tasks()
+        val_every = cfg.validation.every_steps
+        self.check_reward(pool + (self.eval_tasks() if val_every else []))  # before anything else: never a silent 0
         status = self.learner_status()
         version = status.policy_version
         if version > 0:
             log.info("resuming at policy version %d (%d groups trained)", version, status.groups_trained)
             self.sync_rollout_weights()
-        pool = self.train_tasks()
-        val_every = cfg.validation.every_steps
         if cfg.warm_start.enabled:
             version = self.warm_start(version)
         elif val_every and version == 0:

@@ -8,6 +8,11 @@ driver/warm_start.py, into <run_dir>/warm_start/demonstrations.pb); then the lea
 (torchrun), which trains on them first. Each service config is written to
 <run_dir>/configs/<service>.yaml — the exact configuration that ran — and passed with
 `--config`.
+
+With only `services.env_address` set (an env server that runs already, e.g. one plugged in
+over gRPC from examples/), no env service and no user-simulator model are launched; the
+reward service is launched only when something uses it (`TrainConfig.uses_local_reward_service`:
+task.reward service without task.reward_address, or a warm start).
 """
 
 from __future__ import annotations
@@ -51,11 +56,16 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     policy = resolve_model(cfg.models.policy)
     ports = {name: free_port() for name in ("env", "reward", "rollout", "learner", "user_sim")}
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    env_running = cfg.services.env_only()
+    if env_running:
+        addresses["env"] = cfg.services.env_address
+    if not cfg.uses_local_reward_service():
+        addresses["reward"] = ""
 
     task_files = prepare_task_files(cfg)
     specs = []
     user_base_url = None
-    if not cfg.task.solo_mode and cfg.models.user_simulator:
+    if not cfg.task.solo_mode and cfg.models.user_simulator and not env_running:
         user_model = resolve_model(cfg.models.user_simulator)
         user_base_url = f"http://127.0.0.1:{ports['user_sim']}/v1"
         specs.append(ManagedProcess(
@@ -79,6 +89,8 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
         ("reward", "reward_service", "reward_service", ["--no-metrics"]),
         ("rollout", "rollout_service", "rollout_service", []),
     ]:
+        if section not in paths:  # a running env server; no reward service needed
+            continue
         specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
                                     health=HEALTH[name], address=addresses[name], env=common_env))
     # env, reward and the engine load in parallel (the engine is the slow one)

@@ -10,7 +10,9 @@ and `score_batch` never raises for one bad item (the item carries error and erro
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
+
+import grpc
 
 from reward_service.config import JudgeConfig
 from reward_service.scoring import TaskCatalog, batch_item, score
@@ -75,3 +77,27 @@ class GrpcRewardClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def unknown_tasks(client: RewardClient, env: str, task_ids: Sequence[str], solo_mode: bool = False) -> list[tuple[str, str]]:
+    """The (task id, reason) pairs of `task_ids` that the reward service behind `client` does not
+    know (NOT_FOUND: unknown env or task), found by one ScoreBatch of empty episodes cut at
+    MAX_TURNS (cheap for τ²-Bench's checker: no evaluation runs). Any reward.v1 service answers
+    NOT_FOUND for an env or task it does not know; other per-item errors are not reported here.
+
+    Raises:
+        ServiceError: the batch call itself failed (e.g. UNAVAILABLE: nothing answers).
+    """
+    reqs = [reward_pb2.ScoreRequest(env=env, task_id=t, termination_reason=common_pb2.TERMINATION_REASON_MAX_TURNS,
+                                    solo_mode=solo_mode) for t in task_ids]
+    items = client.score_batch(reqs) if reqs else []
+    return [(t, item.error) for t, item in zip(task_ids, items) if item.error_code == grpc.StatusCode.NOT_FOUND.value[0]]
+
+
+def unknown_message(env: str, address: str, unknown: Sequence[tuple[str, str]]) -> str:
+    """Why `env` cannot be trained as configured: its reward service at `address` does not know it
+    (`unknown`: what `unknown_tasks` returned)."""
+    tasks = ", ".join(t for t, _ in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+    return (f"the reward service at {address} does not know env {env!r} (task(s) {tasks}): {unknown[0][1]}. "
+            f"Score {env!r} with its own terminal reward (task.reward: env in the experiment; envs.{env}.reward: env "
+            "in the rollout service's config) or with a reward service (reward.v1) that knows it (task.reward_address)")

@@ -6,12 +6,15 @@ edge over it. One episode (`run_episode`):
     reset the env -> render system + tools + observation ONCE into prompt ids
     repeat up to max_turns:
         sample a reply on the ids (engine) -> append ids, log-probs, mask 1
-        parse tool calls -> step the env with the action (malformed: as written)
+        parse tool calls -> step the env with the action (malformed: as written;
+            text without tool calls is sent with StepRequest.stop when it holds ###STOP###,
+            or always for an env whose route says text_ends_episode)
         episode over? stop.  else: append the env reply rendered ONCE as a suffix, mask 0
 
 so the prompt of turn k+1 = prompt of turn k + generated ids + env suffix ids, and
 `token_ids`, `logprobs`, `loss_mask` are always equally long. `run_group` runs G episodes
-of one task concurrently, scores them with the reward service in one batch, and returns
+of one task concurrently, scores them in one batch with the reward service the env is routed
+to (`reward_for`; None: the env's own reward is kept, never overwritten), and returns
 one `TrajectoryGroup`; `run_tasks` keeps up to `max_groups_in_flight` groups going and
 yields each finished group (and `put`s it into the trajectory buffer when given one).
 
@@ -19,7 +22,9 @@ Departures from the paper's VERL setup: env and reward calls are blocking client
 threads (`asyncio.to_thread`); an empty reply (only the end-of-turn token) ends the
 episode with TERMINATION_REASON_AGENT_ERROR, since tau2 rejects empty agent messages.
 Infrastructure failures end the episode with TERMINATION_REASON_INFRASTRUCTURE_ERROR and
-keep what was sampled (never lost). Per-turn metrics: generated tokens, seconds,
+keep what was sampled (never lost). A reward service that answers NOT_FOUND for an item (it
+does not know the env or task) fails the group with FAILED_PRECONDITION naming both: a
+misconfiguration, not a reward of 0. Per-turn metrics: generated tokens, seconds,
 truncation, parse failures.
 """
 
@@ -27,12 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
+import grpc
+from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from rollout_service.engine import Engine, Sampling
@@ -45,6 +53,9 @@ from sinkflex.errors import ServiceError
 log = logging.getLogger(__name__)
 
 TR = common_pb2.TerminationReason
+
+#: τ²-Bench's agent stop token (tau2.gym.gym_agent.GymAgent.STOP_TOKEN): text holding it ends the episode.
+STOP_TOKEN = "###STOP###"
 
 
 @dataclass(frozen=True)
@@ -95,17 +106,24 @@ class AgentLoop:
         tokenizer: the policy's transformers tokenizer (for the chat template).
         env: an `env_service.client.EnvClient` (Local or Grpc).
         reward: a `reward_service.client.RewardClient`, or None to use the env's reward.
+        reward_for: env name -> the reward client that scores it, or None to keep the env's own
+            terminal reward (default: `reward` for every env).
+        text_ends_episode: env name -> whether a reply with text and no tool call ends the
+            episode (sent with StepRequest.stop); default: never.
         buffer: a `sinkflex.buffer.TrajectoryBuffer` (only `put` is used), or None.
         tool_format: "hermes" or "harmony".
         env_max_steps: ResetRequest.max_steps (0: the env's default).
     """
 
     def __init__(self, engine: Engine, tokenizer, env, reward=None, buffer=None, tool_format: str = "hermes",
-                 env_max_steps: int = 0, max_groups_in_flight: int = 8, buffer_timeout: float | None = None):
+                 env_max_steps: int = 0, max_groups_in_flight: int = 8, buffer_timeout: float | None = None,
+                 reward_for: Callable[[str], object] | None = None, text_ends_episode: Callable[[str], bool] | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.env = env
         self.reward = reward
+        self.reward_for = reward_for or (lambda env: self.reward)
+        self.text_ends_episode = text_ends_episode or (lambda env: False)
         self.buffer = buffer
         self.tool_format = tool_format
         self.env_max_steps = env_max_steps
@@ -138,6 +156,8 @@ class AgentLoop:
         t_start = time.perf_counter()
         session_id = ""
         reason = TR.TERMINATION_REASON_MAX_TURNS
+        env_return = 0.0  # sum of the env's Step rewards (Gymnasium's return; the contract gives 0 before the end)
+        text_stops = self.text_ends_episode(spec.env)
         try:
             t0 = time.perf_counter()
             reset = await asyncio.to_thread(self.env.reset, env_pb2.ResetRequest(
@@ -187,14 +207,19 @@ class AgentLoop:
                     break
                 if isinstance(fmt, HarmonyFormatter):
                     fmt.note_calls(action.tool_calls)
+                # the agent ends the episode (StepRequest.stop): tau2's stop token, or plain text where
+                # the env has no user to reply to (text_ends_episode)
+                stop = not action.tool_calls and (STOP_TOKEN in (action.content or "")
+                                                  or (text_stops and not info.parse_error))
                 t0 = time.perf_counter()
-                step = await asyncio.to_thread(self.env.step, env_pb2.StepRequest(session_id=session_id, action=action))
+                step = await asyncio.to_thread(self.env.step, env_pb2.StepRequest(session_id=session_id, action=action,
+                                                                                  stop=stop))
                 m["env_seconds"] += time.perf_counter() - t0
                 traj.messages.extend(step.observation)
+                env_return += step.reward
                 if step.terminated or step.truncated:
                     reason = step.termination_reason or TR.TERMINATION_REASON_AGENT_STOP
-                    if step.reward:
-                        traj.reward = step.reward
+                    traj.reward_breakdown.CopyFrom(env_breakdown(step, env_return))
                     break
                 if turn + 1 == spec.max_turns:
                     break
@@ -216,6 +241,8 @@ class AgentLoop:
         traj.logprobs.extend(tokens.logprobs)
         traj.loss_mask.extend(tokens.mask)
         traj.termination_reason = reason
+        traj.reward = env_return  # the env's reward; a reward service, when the env is routed to one, replaces it
+        m["env_reward"] = env_return
         m["episode_seconds"] = time.perf_counter() - t_start
         m["tokens"] = len(tokens.ids)
         for k, v in m.items():
@@ -255,7 +282,7 @@ class AgentLoop:
                                  max_turns, max_context_tokens, solo_mode) for i in range(group_size)]
             lock = asyncio.Lock()
             trajs = await asyncio.gather(*(self.run_episode(s, lock) for s in specs))
-            await self._score(trajs, solo_mode)
+            await self._score(trajs, solo_mode, env)
             group = common_pb2.TrajectoryGroup(group_id=uuid.uuid4().hex, task_id=task_id, env=env, trajectories=trajs)
             ts = Timestamp()
             ts.GetCurrentTime()
@@ -267,12 +294,25 @@ class AgentLoop:
         finally:
             self.groups_in_flight -= 1
 
-    async def _score(self, trajs: list[common_pb2.Trajectory], solo_mode: bool = False) -> None:
-        if self.reward is None:
-            return  # keep the env's reward (tau2 evaluator at termination)
+    async def _score(self, trajs: list[common_pb2.Trajectory], solo_mode: bool = False, env: str | None = None) -> None:
+        """Scores the group with the reward service `env` is routed to; None: keeps the env's reward.
+
+        Raises:
+            ServiceError FAILED_PRECONDITION: the reward service does not know the env or a task (NOT_FOUND).
+        """
+        client = self.reward_for(env if env is not None else (trajs[0].env if trajs else ""))
+        if client is None:
+            return  # keep the env's own terminal reward (and its breakdown)
         reqs = [reward_pb2.ScoreRequest(env=t.env, task_id=t.task_id, messages=t.messages,
                                         termination_reason=t.termination_reason, solo_mode=solo_mode) for t in trajs]
-        items = await asyncio.to_thread(self.reward.score_batch, reqs)
+        items = await asyncio.to_thread(client.score_batch, reqs)
+        unknown = [(t, item) for t, item in zip(trajs, items) if item.error_code == grpc.StatusCode.NOT_FOUND.value[0]]
+        if unknown:
+            t, item = unknown[0]
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"the reward service at {getattr(client, 'address', 'in-process')} does not know "
+                               f"env {t.env!r} / task {t.task_id!r} ({item.error}): route the env to its own terminal "
+                               f"reward (envs.{t.env}.reward: env) or to a reward service that scores it")
         for t, item in zip(trajs, items):
             t.reward_breakdown.CopyFrom(item.breakdown)
             t.reward = item.breakdown.reward
@@ -298,6 +338,23 @@ class AgentLoop:
         finally:
             for p in pending:
                 p.cancel()
+
+
+def env_breakdown(step: env_pb2.StepResponse, env_return: float) -> common_pb2.RewardBreakdown:
+    """The breakdown of an episode the env ended: the env's own (`info["reward_breakdown"]`, a
+    common.v1.RewardBreakdown in protobuf JSON) when it sends one, else just the reward with the
+    terminating step's info as JSON. `reward` is always the env's return."""
+    out = common_pb2.RewardBreakdown()
+    sent = step.info.get("reward_breakdown")
+    if sent:
+        try:
+            json_format.Parse(sent, out, ignore_unknown_fields=True)
+        except json_format.ParseError as err:
+            out = common_pb2.RewardBreakdown(info=f"the env's reward_breakdown is not a RewardBreakdown: {err}")
+    elif step.info:
+        out.info = json.dumps(dict(step.info), sort_keys=True)
+    out.reward = env_return
+    return out
 
 
 def collect(engine: Engine, agen_factory: Callable[[], AsyncIterator]) -> list:

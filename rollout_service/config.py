@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sinkflex.config import StrictModel
 
@@ -65,6 +65,38 @@ class AgentConfig(StrictModel):
     """Step budget passed to env Reset (0: the env server's default)."""
 
 
+class EnvRoute(StrictModel):
+    """How the rollout treats one env: where its training reward comes from, and what a reply
+    without tool calls means."""
+
+    reward: Literal["service", "env"] = "service"
+    """service: a RewardService (reward.v1; τ²-Bench's checker in `reward_service`) scores every
+    finished episode and its breakdown becomes the trajectory's; an env or task it does not know
+    (NOT_FOUND) fails the Rollout request before anything is sampled, never a silent 0.
+    env: the env's own reward, Gymnasium semantics: the episode's return, i.e. StepResponse.reward
+    of the step that ended it (the contract gives 0 before), with the env's breakdown when that
+    step's info holds one (`reward_breakdown`, a common.v1.RewardBreakdown in protobuf JSON); an
+    episode the env did not end (max_turns, context, an empty reply) has reward 0. Never
+    overwritten by a reward service."""
+
+    reward_address: Optional[str] = None
+    """reward: service only: the RewardService at this address ("host:port", anyone's reward.v1)
+    scores this env; None: the service's `reward_address` (or the in-process τ²-Bench one)."""
+
+    text_ends_episode: bool = False
+    """A reply with text and no tool call (parsed without error) ends the episode: it is sent
+    with StepRequest.stop (agent stop), so the env answers with its terminating step. For envs
+    without a user to talk to (examples/bookshop, examples/clinic). False: the text is a reply to
+    the user (the contract's reading; τ²-Bench). Text holding τ²-Bench's `###STOP###` is sent
+    with stop either way."""
+
+    @model_validator(mode="after")
+    def _address_needs_service(self) -> "EnvRoute":
+        if self.reward_address and self.reward != "service":
+            raise ValueError("reward_address is set, but reward is 'env' (the env's own reward needs no reward service)")
+        return self
+
+
 class RolloutConfig(StrictModel):
     """The rollout service."""
 
@@ -76,6 +108,15 @@ class RolloutConfig(StrictModel):
 
     reward_address: Optional[str] = None
     """gRPC address of the reward service; None: an in-process one (LocalRewardClient)."""
+
+    envs: dict[str, EnvRoute] = {}
+    """Per env name: where its reward comes from and how its episodes end (`EnvRoute`). An env
+    not listed gets the defaults: scored by the reward service (τ²-Bench domains keep τ²-Bench's
+    checker), text replies go to the user."""
+
+    def route(self, env: str) -> EnvRoute:
+        """The settings of `env` (the defaults when it is not listed in `envs`)."""
+        return self.envs.get(env) or EnvRoute()
 
     redis_url: Optional[str] = None
     """Trajectory buffer; None: REDIS_URL, else the embedded Redis."""

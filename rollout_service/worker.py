@@ -68,12 +68,16 @@ class RolloutWorker:
             self.user_sim = UserSimServer(self.engine, self.tokenizer, port=config.user_sim_port,
                                           max_tokens=config.user_sim_max_tokens)
         self.env = env if env is not None else self._make_env()
-        self.reward = reward if reward is not None else self._make_reward()
+        self._reward = reward  # the default reward client: built on first use (an env routed to "env" needs none)
+        self._reward_clients: dict[str, object] = {}  # address -> client, for envs routed to another reward service
+        self._reward_lock = threading.Lock()
+        self._known: set[tuple[str, str, bool]] = set()  # (env, task, solo) the env's reward service knows
         self._buffer = buffer
         self._buffer_lock = threading.Lock()
         a = config.agent
-        self.loop = AgentLoop(self.engine, self.tokenizer, self.env, self.reward, buffer=None, tool_format=a.tool_format,
-                              env_max_steps=a.env_max_steps, max_groups_in_flight=a.max_groups_in_flight)
+        self.loop = AgentLoop(self.engine, self.tokenizer, self.env, None, buffer=None, tool_format=a.tool_format,
+                              env_max_steps=a.env_max_steps, max_groups_in_flight=a.max_groups_in_flight,
+                              reward_for=self.reward_for, text_ends_episode=lambda env: config.route(env).text_ends_episode)
 
     def _make_env(self):
         if self.config.env_address:
@@ -96,6 +100,56 @@ class RolloutWorker:
         return LocalRewardClient()
 
     @property
+    def reward(self):
+        """The default reward client (`reward_address`, else in-process τ²-Bench), built on first use."""
+        with self._reward_lock:
+            if self._reward is None:
+                self._reward = self._make_reward()
+            return self._reward
+
+    def reward_for(self, env: str):
+        """The reward client that scores `env` (`config.envs`), or None: the env's own reward is kept."""
+        route = self.config.route(env)
+        if route.reward == "env":
+            return None
+        if not route.reward_address or route.reward_address == self.config.reward_address:
+            return self.reward
+        with self._reward_lock:
+            client = self._reward_clients.get(route.reward_address)
+            if client is None:
+                from reward_service.client import GrpcRewardClient
+
+                client = self._reward_clients[route.reward_address] = GrpcRewardClient(route.reward_address)
+            return client
+
+    def reward_address(self, env: str) -> str:
+        """Where `env`'s reward service is, in words (for messages)."""
+        route = self.config.route(env)
+        return route.reward_address or self.config.reward_address or "in-process (τ²-Bench's checker)"
+
+    def check_reward(self, env: str, task_ids, solo_mode: bool = False) -> None:
+        """Fails when `env` is routed to a reward service that does not know it or one of `task_ids`.
+
+        Raises:
+            ServiceError FAILED_PRECONDITION: naming the env, the task(s) and the reward service's address.
+        """
+        client = self.reward_for(env)
+        todo = [t for t in dict.fromkeys(task_ids) if (env, t, solo_mode) not in self._known]
+        if client is None or not todo:
+            return
+        from reward_service.client import unknown_message, unknown_tasks
+
+        try:
+            unknown = unknown_tasks(client, env, todo, solo_mode)
+        except ServiceError as err:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"env {env!r} is scored by the reward service at {self.reward_address(env)}, which did "
+                               f"not answer: {err.message}") from None
+        if unknown:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION, unknown_message(env, self.reward_address(env), unknown))
+        self._known.update((env, t, solo_mode) for t in todo)
+
+    @property
     def buffer(self):
         """The trajectory buffer (built on first use: `config.redis_url`, REDIS_URL, or embedded Redis)."""
         with self._buffer_lock:
@@ -111,6 +165,8 @@ class RolloutWorker:
         Raises:
             ServiceError INVALID_ARGUMENT: no env, no task ids, or group_size < 1.
             ServiceError NOT_FOUND: unknown env or task id.
+            ServiceError FAILED_PRECONDITION: the env is routed to a reward service that does not
+                know it (or a task), or that does not answer.
         """
         if not request.env:
             raise invalid_argument("RolloutRequest.env is empty")
@@ -122,6 +178,7 @@ class RolloutWorker:
         unknown = [t for t in request.task_ids if t not in known]
         if unknown:
             raise ServiceError(grpc.StatusCode.NOT_FOUND, f"unknown task ids of env {request.env!r}: {unknown[:10]}")
+        self.check_reward(request.env, request.task_ids, request.solo_mode)  # before anything is sampled
         a = self.config.agent
         sampling = sampling_from_proto(request.sampling, a)
         max_turns = request.max_turns or a.max_turns

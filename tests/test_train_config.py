@@ -38,7 +38,7 @@ def _write(tmp_path, data):
         ({"run": {"stepz": 3}}, "run.stepz: Extra inputs are not permitted"),
         ({"learner": {"grpo": {"temperature": 0.7}}}, "learner.grpo.temperature (0.7) must equal rollout.temperature"),
         ({"learner": {"batch": {"groups_per_step": 9}}}, "must equal task.tasks_per_step"),
-        ({"services": {"env_address": "h:1"}}, "missing: reward_address, rollout_address, learner_address"),
+        ({"services": {"env_address": "h:1", "reward_address": "h:2"}}, "missing: rollout_address, learner_address"),
     ],
 )
 def test_bad_fields_are_named(tmp_path, patch, message):

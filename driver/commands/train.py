@@ -70,6 +70,10 @@ def train(
         try:
             version = controller.run()
             log.info("done: policy version %d", version)
+        except ConfigError as err:  # e.g. the reward service does not know task.env (checked before any rollout)
+            controller.close()
+            console.print(f"[red]{err}[/red]")
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:
             interrupted = True
             console.print("[yellow]interrupted: stopping services (the learner checkpoints); re-run to resume[/yellow]")
