@@ -138,7 +138,7 @@ def _experiment(run_dir: Path, policy: Path, env_address: str, env: str, task: s
         "rollout_service": {"engine": {"kv_cache_gib": 0.5, "max_model_len": 2048},
                             "envs": {e: {"reward": "env", "text_ends_episode": True} for e in ("bookshop", "clinic")}},
         "learner": {"optim": {"lr": 1.0e-5, "total_steps": 2}, "batch": {"micro_batch_size": 1},
-                    "model": {"gradient_checkpointing": False}},
+                    "model": {"gradient_checkpointing": False}, "checkpoint_every": 2},  # one checkpoint, at the end
     }
 
 
