@@ -65,8 +65,9 @@ class TaskConfig(StrictModel):
     (reward.v1) scores every episode: τ²-Bench's checker (the local reward service, or
     services.reward_address), or the one at `reward_address`; training fails at start, naming
     the env and the address, when it does not know the env or a task. env: the env's own
-    terminal reward (StepResponse.reward of the step that ended the episode, with its breakdown
-    if the env sends one), never overwritten; for envs plugged in over gRPC (examples/). Filled
+    reward: the episode's return, the sum of its StepResponse.rewards (under the contract, 0
+    before the end: the reward of the terminating step), with its breakdown if the env sends
+    one, never overwritten; for envs plugged in over gRPC (examples/). Filled
     into rollout_service.envs.<env>."""
     reward_address: Optional[str] = None
     """reward: service only: the RewardService ("host:port", anyone's reward.v1) that scores `env`

@@ -14,7 +14,8 @@ serves the warm-start policy (version 1), validate it. Then one RL step of the l
                                                               # policy/v{v+1}, called UpdateWeights
     every N steps: Rollout(eval tasks, trials, publish=False) → mean@1 ± CI, pass^k
 
-Validation reports τ²-Bench's own reward (never a shaped one): mean@1 = the mean over
+Validation reports the env's reward as routed for training (task.reward: τ²-Bench's own
+checker for τ²-Bench domains), never a shaped one: mean@1 = the mean over
 tasks of each task's mean reward over its trials, with a Student-t 95 % interval over
 tasks; pass^k for k = 1..trials; each validation's per-task rewards are written to
 <run dir>/validation/<label>.json so that two validations can be compared paired over the

@@ -73,11 +73,11 @@ class EnvRoute(StrictModel):
     """service: a RewardService (reward.v1; τ²-Bench's checker in `reward_service`) scores every
     finished episode and its breakdown becomes the trajectory's; an env or task it does not know
     (NOT_FOUND) fails the Rollout request before anything is sampled, never a silent 0.
-    env: the env's own reward, Gymnasium semantics: the episode's return, i.e. StepResponse.reward
-    of the step that ended it (the contract gives 0 before), with the env's breakdown when that
-    step's info holds one (`reward_breakdown`, a common.v1.RewardBreakdown in protobuf JSON); an
-    episode the env did not end (max_turns, context, an empty reply) has reward 0. Never
-    overwritten by a reward service."""
+    env: the env's own reward, Gymnasium semantics: the episode's return, the sum of its
+    StepResponse.rewards (the contract gives 0 before the end, so: the reward of the step that
+    ended it, and 0 for an episode the env did not end — max_turns, context, an empty reply),
+    with the env's breakdown when the terminating step's info holds one (`reward_breakdown`, a
+    common.v1.RewardBreakdown in protobuf JSON). Never overwritten by a reward service."""
 
     reward_address: Optional[str] = None
     """reward: service only: the RewardService at this address ("host:port", anyone's reward.v1)
