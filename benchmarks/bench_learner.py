@@ -247,7 +247,7 @@ def mismatch_worker(engine_dtype: str, path: str, G: int = 4, new_tokens: int = 
     msgs = [{"role": "system", "content": "You are a helpful retail customer-service agent."},
             {"role": "user", "content": "Hi, I want to return the hiking boots from my last order. How do I do that?"}]
     prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)  # BatchEncoding (a Mapping) or ids
     engine = Engine(path, dtype=engine_dtype, max_model_len=1024, kv_cache_gib=0.5)
     gens = [engine.run(engine.generate(prompt, Sampling(temperature=1.0, seed=100 + i, max_new_tokens=new_tokens),
                                        min_tokens=new_tokens)) for i in range(G)]
