@@ -169,3 +169,45 @@ def test_sigterm_stops_gracefully():
         assert client.list_environments()[0].name == "clinic"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize("name", ["toString", "__proto__", "constructor", "hasOwnProperty"])
+def test_inherited_object_names_are_not_entries(clinic, name):
+    """Model output is untrusted: names every JavaScript object inherits are unknown tools, tasks,
+    splits, patients and slots (a clear NOT_FOUND or tool error), never INTERNAL or a session."""
+    with GrpcEnvClient(clinic, timeout=10) as client:
+        for req in (env_pb2.ResetRequest(env="clinic", task_id=name), env_pb2.ResetRequest(env="clinic", split=name)):
+            with pytest.raises(ServiceError) as err:
+                client.reset(req)
+            assert err.value.code == grpc.StatusCode.NOT_FOUND, err.value.message
+        with pytest.raises(ServiceError) as err:
+            client.list_tasks("clinic", name)
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        r = client.reset(env_pb2.ResetRequest(env="clinic", task_id="cardio-monday"))
+        step = env_pb2.StepRequest(session_id=r.session_id)
+        step.action.tool_calls.add(id="t", name=name, arguments_json="{}")
+        step.action.tool_calls.add(id="b", name="book_appointment",
+                                   arguments_json=json.dumps({"patient_id": "p1", "slot_id": name}))
+        step.action.tool_calls.add(id="p", name="get_patient", arguments_json=json.dumps({"patient_id": name}))
+        out = client.step(step)
+        assert [m.tool_call_id for m in out.observation] == ["t", "b", "p"]
+        assert all(m.error for m in out.observation), [m.content for m in out.observation]
+        assert "unknown tool" in out.observation[0].content and "not found" in out.observation[1].content
+        client.close(r.session_id)
+
+
+def test_error_messages_are_bounded(clinic):
+    huge = "x" * 1_000_000
+    with GrpcEnvClient(clinic, timeout=10) as client:
+        with pytest.raises(ServiceError) as err:
+            client.step(env_pb2.StepRequest(session_id=huge))
+        assert err.value.code == grpc.StatusCode.NOT_FOUND and len(err.value.message) < 1000
+        with pytest.raises(ServiceError) as err:
+            client.reset(env_pb2.ResetRequest(env=huge))
+        assert err.value.code == grpc.StatusCode.NOT_FOUND and len(err.value.message) < 1000
+        r = client.reset(env_pb2.ResetRequest(env="clinic", task_id="cardio-monday"))
+        step = env_pb2.StepRequest(session_id=r.session_id)
+        step.action.tool_calls.add(id="k", name="get_patient", arguments_json=json.dumps({huge: "1"}))
+        out = client.step(step)
+        assert out.observation[0].error and len(out.observation[0].content) < 2000
+        client.close(r.session_id)

@@ -70,6 +70,24 @@ export class ToolError extends Error {}
 
 type Args = Record<string, string>;
 
+/** `value` for an error message, cut to `max` characters (an error must stay bounded:
+ * gRPC carries it in a header, and input may be megabytes). */
+export function clip(value: string, max = 200): string {
+  return value.length > max ? `${value.slice(0, max)}… (${value.length} chars)` : value;
+}
+
+/** `clip(value)` as a JSON string literal. */
+export function shown(value: string, max = 200): string {
+  return JSON.stringify(clip(value, max));
+}
+
+/** `table[key]` when `key` is the table's own entry, else undefined: keys come from the model
+ * (untrusted), and names every object inherits ("toString", "__proto__", "constructor") are
+ * not entries. */
+export function lookup<T>(table: Record<string, T>, key: string): T | undefined {
+  return Object.prototype.hasOwnProperty.call(table, key) ? table[key] : undefined;
+}
+
 function slotView(db: Db, slotId: string) {
   const s = db.slots[slotId];
   const d = db.doctors[s.doctorId];
@@ -81,8 +99,8 @@ function slotTaken(db: Db, slotId: string): boolean {
 }
 
 function patient(db: Db, patientId: string) {
-  const p = db.patients[patientId];
-  if (!p) throw new ToolError(`patient ${patientId} not found`);
+  const p = lookup(db.patients, patientId);
+  if (!p) throw new ToolError(`patient ${clip(patientId)} not found`);
   return p;
 }
 
@@ -95,7 +113,7 @@ const slotOrder = (db: Db) => (a: string, b: string) => {
 function findSlots(db: Db, args: Args) {
   const { doctor_id, specialty, day } = args;
   if (day !== undefined && !(DAYS as readonly string[]).includes(day)) {
-    throw new ToolError(`day must be one of ${DAYS.join(", ")}, got ${JSON.stringify(day)}`);
+    throw new ToolError(`day must be one of ${DAYS.join(", ")}, got ${shown(day)}`);
   }
   return Object.keys(db.slots)
     .filter((id) => !slotTaken(db, id))
@@ -116,14 +134,14 @@ function getPatient(db: Db, args: Args) {
 
 function bookAppointment(db: Db, args: Args) {
   patient(db, args.patient_id);
-  const slot = db.slots[args.slot_id];
-  if (!slot) throw new ToolError(`slot ${args.slot_id} not found`);
-  if (slotTaken(db, args.slot_id)) throw new ToolError(`slot ${args.slot_id} is already booked`);
+  const slot = lookup(db.slots, args.slot_id);
+  if (!slot) throw new ToolError(`slot ${clip(args.slot_id)} not found`);
+  if (slotTaken(db, args.slot_id)) throw new ToolError(`slot ${clip(args.slot_id)} is already booked`);
   const sameDoctor = Object.entries(db.appointments).find(
     ([, a]) => a.patientId === args.patient_id && db.slots[a.slotId].doctorId === slot.doctorId,
   );
   if (sameDoctor) {
-    throw new ToolError(`patient ${args.patient_id} already has appointment ${sameDoctor[0]} with ${db.doctors[slot.doctorId].name}`);
+    throw new ToolError(`patient ${clip(args.patient_id)} already has appointment ${sameDoctor[0]} with ${db.doctors[slot.doctorId].name}`);
   }
   const id = `a${db.nextAppointment++}`;
   db.appointments[id] = { patientId: args.patient_id, slotId: args.slot_id };
@@ -132,10 +150,10 @@ function bookAppointment(db: Db, args: Args) {
 
 function cancelAppointment(db: Db, args: Args) {
   patient(db, args.patient_id);
-  const a = db.appointments[args.appointment_id];
-  if (!a) throw new ToolError(`appointment ${args.appointment_id} not found`);
+  const a = lookup(db.appointments, args.appointment_id);
+  if (!a) throw new ToolError(`appointment ${clip(args.appointment_id)} not found`);
   if (a.patientId !== args.patient_id) {
-    throw new ToolError(`appointment ${args.appointment_id} is not patient ${args.patient_id}'s`);
+    throw new ToolError(`appointment ${clip(args.appointment_id)} is not patient ${clip(args.patient_id)}'s`);
   }
   delete db.appointments[args.appointment_id];
   return { cancelled: args.appointment_id, patient_id: args.patient_id };
@@ -200,8 +218,8 @@ export function toolSchema(tool: Tool): string {
 
 /** Runs one tool call on `db`; returns its JSON result. Throws ToolError on bad input. */
 export function callTool(db: Db, name: string, argumentsJson: string): string {
-  const tool = TOOLS[name];
-  if (!tool) throw new ToolError(`unknown tool ${JSON.stringify(name)}; tools: ${Object.keys(TOOLS).join(", ")}`);
+  const tool = lookup(TOOLS, name);
+  if (!tool) throw new ToolError(`unknown tool ${shown(name)}; tools: ${Object.keys(TOOLS).join(", ")}`);
   let args: unknown;
   try {
     args = JSON.parse(argumentsJson || "{}");
@@ -212,12 +230,14 @@ export function callTool(db: Db, name: string, argumentsJson: string): string {
     throw new ToolError("arguments must be a JSON object");
   }
   const given = args as Record<string, unknown>;
-  const missing = tool.required.filter((k) => !(k in given));
-  const extra = Object.keys(given).filter((k) => !(k in tool.properties));
+  const has = (o: object, k: string) => Object.prototype.hasOwnProperty.call(o, k);
+  const missing = tool.required.filter((k) => !has(given, k));
+  const extra = Object.keys(given).filter((k) => !has(tool.properties, k));
   const notStrings = Object.keys(given).filter((k) => typeof given[k] !== "string");
   if (missing.length || extra.length || notStrings.length) {
+    const list = (ks: string[]) => ks.slice(0, 10).map((k) => shown(k, 60)).join(", ") + (ks.length > 10 ? ", …" : "");
     throw new ToolError(
-      `bad arguments for ${name}: missing [${missing}], unexpected [${extra}], not strings [${notStrings}]`,
+      `bad arguments for ${name}: missing [${list(missing)}], unexpected [${list(extra)}], not strings [${list(notStrings)}]`,
     );
   }
   return JSON.stringify(tool.run(db, given as Args));
@@ -298,7 +318,7 @@ function changes(from: Db, to: Db): string[] {
 
 export function goldenDb(taskId: string): Db {
   const db = initialDb();
-  for (const [name, args] of TASKS[taskId].golden) callTool(db, name, JSON.stringify(args));
+  for (const [name, args] of TASKS[taskId]!.golden) callTool(db, name, JSON.stringify(args));
   return db;
 }
 

@@ -43,6 +43,8 @@ import {
   callTool,
   Db,
   DONE_TOOL,
+  lookup,
+  shown,
   initialDb,
   POLICY,
   score,
@@ -128,7 +130,7 @@ export class ClinicEnv {
       const n = BigInt(ids.length);
       taskId = ids[Number(((req.seed % n) + n) % n)]; // the seed picks the task of the split
     }
-    if (!(taskId in TASKS)) throw notFound(`unknown task ${JSON.stringify(taskId)} in env ${ENV_NAME}`);
+    if (lookup(TASKS, taskId) === undefined) throw notFound(`unknown task ${shown(taskId)} in env ${ENV_NAME}`);
     if (req.maxSteps < 0) {
       throw new Status(grpc.status.INVALID_ARGUMENT, `max_steps must be >= 0 (0: the server default), got ${req.maxSteps}`);
     }
@@ -221,17 +223,17 @@ export class ClinicEnv {
   }
 
   private taskIds(env: string, split: string): string[] {
-    if (env !== ENV_NAME) throw notFound(`unknown env ${JSON.stringify(env)}; this server serves ${JSON.stringify(ENV_NAME)}`);
+    if (env !== ENV_NAME) throw notFound(`unknown env ${shown(env)}; this server serves ${JSON.stringify(ENV_NAME)}`);
     if (!split) return Object.keys(TASKS);
-    const ids = SPLITS[split];
-    if (!ids) throw notFound(`unknown split ${JSON.stringify(split)}; splits: ${Object.keys(SPLITS).join(", ")}`);
+    const ids = lookup(SPLITS, split);
+    if (!ids) throw notFound(`unknown split ${shown(split)}; splits: ${Object.keys(SPLITS).join(", ")}`);
     return ids;
   }
 
   private session(sessionId: string): Session {
     this.expire();
     const s = this.sessions.get(sessionId);
-    if (!s) throw notFound(`unknown, closed or expired session ${JSON.stringify(sessionId)}`);
+    if (!s) throw notFound(`unknown, closed or expired session ${shown(sessionId)}`);
     s.lastUsed = Date.now();
     return s;
   }
