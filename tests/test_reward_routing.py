@@ -272,3 +272,26 @@ def test_controller_fails_at_start_naming_env_and_reward_service(bookshop_env, r
                     ctl.check_reward(ctl.train_tasks())
         finally:
             ctl.close()
+
+
+def test_bookshop_bad_tool_input_is_a_tool_error_with_a_bounded_message(bookshop_env):
+    """Model output is untrusted: JSON nested past the parser's stack and megabyte keys or ids get
+    a tool error / NOT_FOUND with a short message; the other call of the action still runs."""
+    from env_service.client import GrpcEnvClient
+    from sinkflex.api.env.v1 import env_pb2
+
+    huge = "k" * 1_000_000
+    with GrpcEnvClient(bookshop_env, timeout=30) as client:
+        r = client.reset(env_pb2.ResetRequest(env="bookshop", split="train"))
+        step = env_pb2.StepRequest(session_id=r.session_id)
+        step.action.tool_calls.add(id="deep", name="get_member", arguments_json="[" * 100_000 + "]" * 100_000)
+        step.action.tool_calls.add(id="big", name="get_member", arguments_json=json.dumps({huge: "m1"}))
+        out = client.step(step)
+        assert [m.tool_call_id for m in out.observation] == ["deep", "big"]
+        assert all(m.error for m in out.observation)
+        assert "nested too deeply" in out.observation[0].content
+        assert len(out.observation[1].content) < 2000
+        with pytest.raises(ServiceError) as err:
+            client.step(env_pb2.StepRequest(session_id=huge))
+        assert err.value.code == grpc.StatusCode.NOT_FOUND and len(err.value.message) < 1000
+        client.close(r.session_id)

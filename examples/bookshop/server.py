@@ -136,11 +136,13 @@ class Session:
         out = common_pb2.Message(role=common_pb2.ROLE_TOOL, tool_call_id=call.id, requestor=common_pb2.ROLE_ASSISTANT)
         try:
             if call.name not in TOOLS:
-                raise ToolError(f"unknown tool {call.name!r}; tools: {', '.join(TOOLS)}")
+                raise ToolError(f"unknown tool {_clip(call.name)!r}; tools: {', '.join(TOOLS)}")
             try:
                 args = json.loads(call.arguments_json or "{}")
             except json.JSONDecodeError as err:
                 raise ToolError(f"arguments are not valid JSON: {err}") from None
+            except RecursionError:  # untrusted model output: nesting deeper than the parser's stack
+                raise ToolError("arguments are nested too deeply to parse") from None
             if not isinstance(args, dict):
                 raise ToolError("arguments must be a JSON object")
             schema = TOOLS[call.name][1]
@@ -148,12 +150,18 @@ class Session:
             extra = [k for k in args if k not in schema["properties"]]
             bad = [k for k, v in args.items() if not isinstance(v, str)]
             if missing or extra or bad:
-                raise ToolError(f"bad arguments for {call.name}: missing {missing}, unexpected {extra}, not strings {bad}")
+                raise ToolError(f"bad arguments for {call.name}: missing {missing}, unexpected "
+                                f"{[_clip(k, 60) for k in extra[:10]]}, not strings {[_clip(k, 60) for k in bad[:10]]}")
             out.content = json.dumps(TOOLS[call.name][0](self.db, **args))
         except ToolError as err:
             out.content = f"Error: {err}"
             out.error = True
         return out
+
+
+def _clip(value: str, limit: int = 200) -> str:
+    """`value` cut to `limit` characters for an error message (gRPC sends it in a header; input is untrusted)."""
+    return value if len(value) <= limit else f"{value[:limit]}… ({len(value)} chars)"
 
 
 class BookshopServicer(env_pb2_grpc.EnvServiceServicer):
@@ -169,22 +177,22 @@ class BookshopServicer(env_pb2_grpc.EnvServiceServicer):
 
     def ListTasks(self, request, context):
         if request.env != ENV_NAME:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown env {request.env!r}; this server serves {ENV_NAME!r}")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown env {_clip(request.env)!r}; this server serves {ENV_NAME!r}")
         if request.split and request.split not in SPLITS:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown split {request.split!r}; splits: {', '.join(SPLITS)}")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown split {_clip(request.split)!r}; splits: {', '.join(SPLITS)}")
         ids = SPLITS[request.split] if request.split else list(TASKS)
         return env_pb2.ListTasksResponse(tasks=[env_pb2.TaskInfo(task_id=i, description=TASKS[i][0]) for i in ids])
 
     def Reset(self, request, context):
         if request.env != ENV_NAME:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown env {request.env!r}; this server serves {ENV_NAME!r}")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown env {_clip(request.env)!r}; this server serves {ENV_NAME!r}")
         task_id = request.task_id
         if not task_id:
             if request.split and request.split not in SPLITS:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"unknown split {request.split!r}")
+                context.abort(grpc.StatusCode.NOT_FOUND, f"unknown split {_clip(request.split)!r}")
             task_id = random.Random(request.seed).choice(SPLITS[request.split] if request.split else list(TASKS))
         if task_id not in TASKS:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown task {task_id!r} in env {ENV_NAME!r}")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown task {_clip(task_id)!r} in env {ENV_NAME!r}")
         with self.lock:
             if len(self.sessions) >= self.max_sessions:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.max_sessions} sessions open: Close some first")
@@ -200,14 +208,14 @@ class BookshopServicer(env_pb2_grpc.EnvServiceServicer):
         with self.lock:
             s = self.sessions.get(sid)
         if s is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown or closed session {sid!r}")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown or closed session {_clip(sid)!r}")
         return s
 
     def Step(self, request, context):
         s = self._session(request.session_id, context)
         with s.lock:
             if s.done:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"session {request.session_id} has ended; Reset a new one")
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"session {_clip(request.session_id)} has ended; Reset a new one")
             s.steps += 1
             if request.stop:
                 s.done = True
@@ -228,7 +236,7 @@ class BookshopServicer(env_pb2_grpc.EnvServiceServicer):
     def Close(self, request, context):
         with self.lock:
             if self.sessions.pop(request.session_id, None) is None:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"unknown or closed session {request.session_id!r}")
+                context.abort(grpc.StatusCode.NOT_FOUND, f"unknown or closed session {_clip(request.session_id)!r}")
         return env_pb2.CloseResponse()
 
 
