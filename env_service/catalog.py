@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sinkflex.errors import invalid_argument, not_found
+from sinkflex.errors import clip, invalid_argument, not_found
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Domain:
         try:
             return self.tasks[task_id]
         except KeyError:
-            raise not_found(f"unknown task {task_id!r} in env {self.name!r} ({len(self.tasks)} tasks)") from None
+            raise not_found(f"unknown task {clip(task_id)} in env {self.name!r} ({len(self.tasks)} tasks)") from None
 
     def task_ids(self, split: str = "") -> list[str]:
         """Task ids of `split` ("" = all tasks). Raises ServiceError NOT_FOUND for an unknown split."""
@@ -78,13 +78,13 @@ class Domain:
         try:
             return list(self.splits[split])
         except KeyError:
-            raise not_found(f"unknown split {split!r} of env {self.name!r} (splits: {', '.join(self.splits)})") from None
+            raise not_found(f"unknown split {clip(split)} of env {self.name!r} (splits: {', '.join(self.splits)})") from None
 
     def sample_task_id(self, split: str, seed: int) -> str:
         """A task id drawn uniformly from `split` with `random.Random(seed)` (deterministic)."""
         ids = self.task_ids(split)
         if not ids:
-            raise invalid_argument(f"split {split!r} of env {self.name!r} has no tasks")
+            raise invalid_argument(f"split {clip(split)} of env {self.name!r} has no tasks")
         return random.Random(seed).choice(ids)
 
 
@@ -136,4 +136,4 @@ class Catalog:
         try:
             return self.domains[env]
         except KeyError:
-            raise not_found(f"unknown env {env!r}; this server serves: {', '.join(self.domains)}") from None
+            raise not_found(f"unknown env {clip(env)}; this server serves: {', '.join(self.domains)}") from None

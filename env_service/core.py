@@ -25,7 +25,7 @@ from env_service.config import EnvServiceConfig
 from env_service.session import TERMINATION_TO_PB, TRUNCATION_REASONS, Tau2Session, new_session_id
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.env.v1 import env_pb2
-from sinkflex.errors import invalid_argument, not_found, resource_exhausted
+from sinkflex.errors import clip, invalid_argument, not_found, resource_exhausted
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class EnvCore:
                     raise not_found(f"session {session_id} expired (idle longer than {self.config.session_ttl_seconds:g} s)")
                 if why == "closed":
                     raise not_found(f"session {session_id} was closed")
-                raise not_found(f"unknown session {session_id!r}")
+                raise not_found(f"unknown session {clip(session_id)}")
             session.last_used = time.monotonic()
             return session
 

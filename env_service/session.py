@@ -37,7 +37,7 @@ import grpc
 
 from env_service.catalog import Domain
 from sinkflex.api.common.v1 import common_pb2
-from sinkflex.errors import ServiceError, failed_precondition, invalid_argument
+from sinkflex.errors import ServiceError, clip, failed_precondition, invalid_argument
 from tau2_adapter import convert
 from tau2_adapter.termination import TAU2_TO_PB
 
@@ -226,7 +226,10 @@ class Tau2Session:
 
         Raises:
             ServiceError FAILED_PRECONDITION: the episode has ended.
-            ServiceError INVALID_ARGUMENT: a bad action (wrong role, empty, stop with tool calls).
+            ServiceError INVALID_ARGUMENT: a bad action (wrong role, empty, stop with tool calls);
+                nothing was applied.
+            ServiceError INTERNAL: tau2 raised while applying a valid action; the episode
+                has ended (AGENT_ERROR), so no later Step runs from a state the client never saw.
         """
         if self.done:
             reason = self.termination_reason.value if self.termination_reason else "unknown"
@@ -249,6 +252,17 @@ class Tau2Session:
             self.orchestrator.termination_reason = TerminationReason.USER_ERROR
             self.error = f"user simulator failed: {err}"
             log.warning("session %s: %s", self.session_id, self.error)
+        except Exception as err:  # noqa: BLE001 - never leave a half-applied step behind silently
+            # The action was validated before anything ran, so this is a fault of the env
+            # (tau2 raised mid-step). The episode cannot go on from a state the client
+            # never saw: it ends (AGENT_ERROR) and the client is told so.
+            self.agent.pending = None
+            self.orchestrator.done = True
+            self.orchestrator.termination_reason = TerminationReason.AGENT_ERROR
+            self.error = f"the env failed while applying the action: {type(err).__name__}: {err}"
+            log.exception("session %s: step failed", self.session_id)
+            raise ServiceError(grpc.StatusCode.INTERNAL,
+                               f"session {self.session_id}: {self.error}; the episode has ended (agent_error)") from None
         self.agent.pending = None
         if self.done:
             self._finish()
@@ -256,14 +270,18 @@ class Tau2Session:
 
     def _to_agent_message(self, action: common_pb2.Message, stop: bool) -> AssistantMessage:
         if action.role not in (common_pb2.ROLE_UNSPECIFIED, common_pb2.ROLE_ASSISTANT):
-            raise invalid_argument(f"action.role must be ROLE_ASSISTANT, got {common_pb2.Role.Name(action.role)}")
-        for call in action.tool_calls:
+            raise invalid_argument(f"action.role must be ROLE_ASSISTANT, got {convert.role_label(action.role)}")
+        for i, call in enumerate(action.tool_calls):
             if call.requestor not in (common_pb2.ROLE_UNSPECIFIED, common_pb2.ROLE_ASSISTANT):
-                raise invalid_argument(f"tool call {call.name!r}: requestor must be ROLE_ASSISTANT, got {common_pb2.Role.Name(call.requestor)}")
+                raise invalid_argument(f"action.tool_calls[{i}] ({clip(call.name)}): requestor must be ROLE_ASSISTANT, "
+                                       f"got {convert.role_label(call.requestor)}")
             if not call.name:
-                raise invalid_argument("a tool call has an empty name")
+                raise invalid_argument(f"action.tool_calls[{i}] has an empty name")
         action = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, tool_calls=action.tool_calls, **({"content": action.content} if action.HasField("content") else {}))
-        message = convert.to_tau2_message(action)
+        try:
+            message = convert.to_tau2_message(action)
+        except ValueError as err:  # e.g. pydantic refusing a field
+            raise invalid_argument(f"action: {err}") from None
         if stop:
             if message.tool_calls:
                 raise invalid_argument("stop=True with tool calls: send the tool calls in one step, then stop")

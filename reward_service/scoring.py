@@ -51,6 +51,7 @@ from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.reward.v1 import reward_pb2
 from sinkflex.errors import (
     ServiceError,
+    clip,
     failed_precondition,
     invalid_argument,
     not_found,
@@ -128,7 +129,7 @@ class TaskCatalog:
 
             envs = self.envs()
             if env not in envs:
-                raise not_found(f"unknown env {env!r}; known envs: {', '.join(envs)}")
+                raise not_found(f"unknown env {clip(env)}; known envs: {', '.join(envs)}")
             by_id = dict(domain_tasks(env, self._files.get(env, ())).tasks) if env in task_sets() else {}
             by_id.update({t.id: t for t in self._extra.get(env, [])})
             self._tasks[env] = by_id
@@ -151,7 +152,7 @@ class TaskCatalog:
         """The tau2 `Task`. Raises ServiceError NOT_FOUND for an unknown env or task."""
         tasks = self.tasks(env)
         if task_id not in tasks:
-            raise not_found(f"unknown task {task_id!r} in env {env!r} ({len(tasks)} tasks)")
+            raise not_found(f"unknown task {clip(task_id)} in env {clip(env)} ({len(tasks)} tasks)")
         return tasks[task_id]
 
 
@@ -177,17 +178,18 @@ def check_conversation(messages: Sequence[common_pb2.Message]) -> list[str]:
                 raise invalid_argument(f"messages[{i}]: a tool message cannot make tool calls")
             if not pending:
                 raise invalid_argument(
-                    f"messages[{i}]: tool message (tool_call_id={m.tool_call_id!r}) answers no pending tool call"
+                    f"messages[{i}]: tool message (tool_call_id={clip(m.tool_call_id)}) answers no pending tool call"
                 )
             if m.tool_call_id != pending[0]:
                 raise invalid_argument(
-                    f"messages[{i}]: tool message answers {m.tool_call_id!r}, but the next pending tool call is {pending[0]!r}"
+                    f"messages[{i}]: tool message answers {clip(m.tool_call_id)}, but the next pending tool call is {clip(pending[0])}"
                 )
             pending.pop(0)
             continue
         if pending:
             raise invalid_argument(
-                f"messages[{i}]: a {common_pb2.Role.Name(m.role)} message comes while tool calls {pending} are unanswered"
+                f"messages[{i}]: a {common_pb2.Role.Name(m.role)} message comes while tool calls "
+                f"{[clip(p, 40) for p in pending[:5]]}{' ...' if len(pending) > 5 else ''} are unanswered"
             )
         if m.tool_calls and m.role == common_pb2.ROLE_SYSTEM:
             raise invalid_argument(f"messages[{i}]: a system message cannot make tool calls")
@@ -391,13 +393,13 @@ def score(
     task = catalog.get(request.env, request.task_id)
     if needs_judge(task) and judge is None:
         raise failed_precondition(
-            f"task {request.task_id!r} of env {request.env!r} has NL_ASSERTION in its reward basis, "
+            f"task {clip(request.task_id)} of env {clip(request.env)} has NL_ASSERTION in its reward basis, "
             "but no NL-assertion judge LLM is configured (start the service with --judge-model/--judge-base-url)"
         )
     check_conversation(request.messages)
     if request.solo_mode:
         if not catalog.supports_solo(request.env):
-            raise invalid_argument(f"solo_mode: env {request.env!r} does not support tau2's solo mode")
+            raise invalid_argument(f"solo_mode: env {clip(request.env)} does not support tau2's solo mode")
         users = [i for i, m in enumerate(request.messages) if m.role == common_pb2.ROLE_USER]
         if users:
             raise invalid_argument(f"solo_mode: messages{users[:5]} are user messages; a solo episode has none")

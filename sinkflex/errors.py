@@ -3,6 +3,12 @@
 Core logic raises `ServiceError(code, message)`; servicers turn it into a gRPC status
 (`abort_on_error`), and gRPC clients turn a failed RPC back into it (`from_rpc_error`),
 so callers handle the same exception whichever client implementation they use.
+
+Every message is bounded: `ServiceError` keeps at most `MAX_MESSAGE_BYTES` (1 KiB) of
+UTF-8, with lone surrogates escaped, so a status never exceeds a client's metadata limit
+(16 KiB by default) nor fails to encode. Code that quotes a request's value in a message
+quotes it with `clip()` (at most `MAX_QUOTE_CHARS` characters, repr-style, with its length),
+so an id of 10 MB is named, not echoed.
 """
 
 from __future__ import annotations
@@ -14,11 +20,46 @@ import grpc
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: Longest error message (UTF-8 bytes) a ServiceError carries; longer ones are cut.
+MAX_MESSAGE_BYTES = 1024
+#: Longest quote of a request value in a message (characters, before repr escaping).
+MAX_QUOTE_CHARS = 120
+
+
+def safe_text(text: str) -> str:
+    """`text` with lone surrogates (not encodable as UTF-8) written as backslash escapes."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def bound_message(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """`message` as valid UTF-8 of at most `limit` bytes (cut, with a note, when longer)."""
+    message = safe_text(str(message))
+    data = message.encode("utf-8")
+    if len(data) <= limit:
+        return message
+    note = f" ...[cut: {len(data)} bytes]"
+    return data[: limit - len(note)].decode("utf-8", "ignore") + note
+
+
+def clip(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
+    """A bounded quote of a request value for an error message: `repr(value)`, and for a
+    string longer than `limit` characters its first `limit` and its length, e.g.
+    `'xxxxxxxx'... (20000 chars)`."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{safe_text(repr(value[:limit]))}... ({len(value)} chars)"
+    text = safe_text(repr(value))
+    return text if len(text) <= 2 * limit else text[: 2 * limit] + f"... ({len(text)} chars)"
+
 
 class ServiceError(Exception):
     """A request failed with a gRPC status code and a message saying what was wrong."""
 
     def __init__(self, code: grpc.StatusCode, message: str):
+        message = bound_message(message)
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message

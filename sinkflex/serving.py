@@ -5,6 +5,13 @@ Every server built here serves `grpc.health.v1` (NOT_SERVING until the service c
 SIGTERM/SIGINT: it refuses new RPCs and lets in-flight ones finish within a grace period.
 Every client channel gets the same size limits, so an oversized message fails with
 RESOURCE_EXHAUSTED on whichever side sees it, and the server keeps serving.
+
+Request bytes that are not the method's message (garbage, truncated, invalid UTF-8 in a
+string field) are answered INVALID_ARGUMENT naming the message type, without reaching the
+servicer (`BadRequestInterceptor`; grpc's own answer would be INTERNAL "Exception
+deserializing request!" with a traceback in the log for each). A `ServiceError` raised by a
+servicer that does not map it itself becomes its status, and any status message leaving a
+server is at most 1 KiB (`sinkflex.errors.MAX_MESSAGE_BYTES`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sinkflex.errors import ServiceError, bound_message
 from sinkflex.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 
 log = logging.getLogger(__name__)
@@ -65,6 +73,96 @@ def wait_for_serving(channel: grpc.Channel, service: str = "", timeout: float = 
     raise TimeoutError(f"service {service!r} not SERVING after {timeout:.0f}s: {last}")
 
 
+class _Undecodable:
+    """What the wrapped deserializer hands on for bytes that do not parse (never None:
+    grpc treats a None request as a deserialization failure)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _type_name(deserializer: Callable | None) -> str:
+    owner = getattr(deserializer, "__self__", None)
+    descriptor = getattr(owner, "DESCRIPTOR", None)
+    return getattr(descriptor, "full_name", None) or "request message"
+
+
+def _lenient(deserializer: Callable[[bytes], object]) -> Callable[[bytes], object]:
+    type_name = _type_name(deserializer)
+
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as err:  # noqa: BLE001 - any parse failure is the client's bad bytes
+            # upb names the fault: "Wire format was corrupt", "String field had bad UTF-8"
+            text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+            return _Undecodable(f"the request is not a valid {type_name} ({len(data)} bytes): {text}")
+
+    return deserialize
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    context.abort(code, bound_message(message))
+
+
+class BadRequestInterceptor(grpc.ServerInterceptor):
+    """Clear answers to bad input on every RPC of a server.
+
+    - request bytes that do not parse as the method's message: INVALID_ARGUMENT, with the
+      type name, the size and the parser's error (the servicer is not called);
+    - a `sinkflex.errors.ServiceError` that escapes a servicer: its own status;
+    - every status message leaving the server: bounded (`sinkflex.errors.bound_message`).
+    Anything else a servicer raises is left to grpc (UNKNOWN), so bugs stay visible.
+    """
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = handler_call_details.method
+        if handler.request_streaming:
+            behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
+        else:
+            behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        wrapped = self._wrap(behavior, handler.request_streaming, handler.response_streaming, method)
+        fields = {"request_deserializer": _lenient(handler.request_deserializer)}
+        name = {(False, False): "unary_unary", (False, True): "unary_stream",
+                (True, False): "stream_unary", (True, True): "stream_stream"}[
+            (handler.request_streaming, handler.response_streaming)]
+        fields[name] = wrapped
+        return handler._replace(**fields)
+
+    @staticmethod
+    def _wrap(behavior, request_streaming: bool, response_streaming: bool, method: str):
+        def checked(request, context):
+            if isinstance(request, _Undecodable):
+                log.info("%s: %s", method, request.message)
+                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            return request
+
+        def requests(iterator, context):
+            for request in iterator:
+                yield checked(request, context)
+
+        if response_streaming:
+            def handle(request, context):
+                request = requests(request, context) if request_streaming else checked(request, context)
+                try:
+                    yield from behavior(request, context)
+                except ServiceError as err:
+                    _abort(context, err.code, err.message)
+        else:
+            def handle(request, context):
+                request = requests(request, context) if request_streaming else checked(request, context)
+                try:
+                    return behavior(request, context)
+                except ServiceError as err:
+                    _abort(context, err.code, err.message)
+        return handle
+
+
 @dataclass
 class ServiceServer:
     """A gRPC server with health, reflection, size limits and graceful shutdown.
@@ -83,7 +181,9 @@ class ServiceServer:
     code with its latency, and the service sets its own gauges through `server.metrics`
     (`set_sessions`, `set_queue_lag`, `tokens(kind).add(n)`). `metrics_service` is the
     `sinkflex_service` label (default: from the first service name, "EnvService" -> "env").
-    `interceptors` are extra `grpc.ServerInterceptor`s, run after the metrics one.
+    `interceptors` are extra `grpc.ServerInterceptor`s, run after the metrics one and
+    before `BadRequestInterceptor` (always installed, innermost: undecodable request bytes
+    are INVALID_ARGUMENT, and counted so by the metrics).
     """
 
     port: int
@@ -102,13 +202,13 @@ class ServiceServer:
             first = self.service_names[0].rpartition(".")[2] if self.service_names else "sinkflex"
             self.metrics_service = first.removesuffix("Service").lower() or first.lower()
         self.metrics = ServiceMetrics(self.metrics_service)
-        interceptors = list(self.interceptors)
+        interceptors = [*self.interceptors, BadRequestInterceptor()]
         if self.metrics_port is not None:
             interceptors.insert(0, self.metrics.interceptor())
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers),
             options=channel_options(self.max_message_bytes),
-            interceptors=interceptors or None,
+            interceptors=interceptors,
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

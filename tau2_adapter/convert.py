@@ -24,7 +24,10 @@ tool calls. Timestamps, costs, usage and turn indices are not carried (tau2's
 evaluator does not read them).
 
 Arguments that are not a JSON object (malformed JSON, a list, a number) are
-kept, not rejected: they become tau2 arguments `{RAW_ARGUMENTS_KEY: "<the text>"}`.
+kept, not rejected: they become tau2 arguments `{RAW_ARGUMENTS_KEY: "<the text>"}`. So do
+JSON objects that Python cannot carry through tau2 and back onto the wire: nested deeper
+than `MAX_ARGUMENT_DEPTH` (json and tau2 recurse), an integer literal of more digits than
+Python's int-string limit (4300), a lone surrogate (`"\\ud800"`) in a key or a string.
 Calling a tau2 tool with that keyword fails with tau2's own error message ("...got an
 unexpected keyword argument 'arguments_not_a_json_object'"), so the
 env service answers such a call with a tool error observation (the episode goes on,
@@ -51,6 +54,9 @@ from tau2.data_model.message import (
 #: tau2 argument key that carries tool-call arguments that are not a JSON object.
 RAW_ARGUMENTS_KEY = "arguments_not_a_json_object"
 
+#: Deepest nesting of objects/arrays kept as parsed tool-call arguments; deeper: raw text.
+MAX_ARGUMENT_DEPTH = 64
+
 #: A tau2 message (tau2.data_model.message.Message without MultiToolMessage).
 Tau2Message = SystemMessage | UserMessage | AssistantMessage | ToolMessage
 
@@ -63,6 +69,14 @@ _ROLE_TO_PB = {
 _PB_TO_ROLE = {v: k for k, v in _ROLE_TO_PB.items()}
 
 
+def role_label(role: int) -> str:
+    """The enum name of a `common_pb2.Role` value, or "unknown role value N" (never raises)."""
+    try:
+        return common_pb2.Role.Name(role)
+    except ValueError:
+        return f"unknown role value {role}"
+
+
 def role_name(role: int) -> str:
     """tau2 role string ("system", "user", "assistant", "tool") of a `common_pb2.Role`.
 
@@ -72,22 +86,68 @@ def role_name(role: int) -> str:
     try:
         return _PB_TO_ROLE[role]
     except KeyError:
-        raise ValueError(f"message role {common_pb2.Role.Name(role) if role in common_pb2.Role.values() else role} is not a valid role") from None
+        raise ValueError(f"message role {role_label(role)} is not a valid role") from None
 
 
 def parse_arguments(arguments_json: str) -> dict:
     """tau2 `ToolCall.arguments` for a wire `arguments_json` string.
 
     A JSON object is returned as a dict; anything else (malformed JSON, "", a list, a
-    number) as `{RAW_ARGUMENTS_KEY: arguments_json}` (see the module docstring).
+    number, an object too deep or holding what Python cannot carry: see the module
+    docstring) as `{RAW_ARGUMENTS_KEY: arguments_json}`.
     """
+    if _too_deep(arguments_json):
+        return {RAW_ARGUMENTS_KEY: arguments_json}
     try:
         value = json.loads(arguments_json)
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # JSONDecodeError, int-digit limit, ...
         return {RAW_ARGUMENTS_KEY: arguments_json}
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or not _encodable(value):
         return {RAW_ARGUMENTS_KEY: arguments_json}
     return value
+
+
+def _too_deep(text: str, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
+    """Whether the brackets of JSON `text` (outside strings) nest deeper than `limit`."""
+    if text.count("{") + text.count("[") <= limit:
+        return False
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "}]":
+            depth -= 1
+    return False
+
+
+def _encodable(value) -> bool:
+    """Whether every key and string in a parsed JSON value is valid UTF-8 text (no lone
+    surrogate): what a protobuf string field and tau2's messages can hold."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+    return True
 
 
 def format_arguments(arguments: dict) -> str:
@@ -102,7 +162,7 @@ def _requestor(role: int, default: str) -> str:
         return default
     name = role_name(role)
     if name not in ("user", "assistant"):
-        raise ValueError(f"requestor must be ROLE_USER or ROLE_ASSISTANT, got {common_pb2.Role.Name(role)}")
+        raise ValueError(f"requestor must be ROLE_USER or ROLE_ASSISTANT, got {role_label(role)}")
     return name
 
 
