@@ -22,11 +22,23 @@ app = typer.Typer(
 )
 
 #: (module under driver.commands, group name or "" for top-level commands)
-_COMMAND_MODULES = [("env", "env"), ("models", "models"), ("tasks", "tasks"), ("train", "")]
+_COMMAND_MODULES = [("config", "config"), ("env", "env"), ("models", "models"), ("tasks", "tasks"), ("train", "")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from sinkflex import __version__
+
+        typer.echo(f"sinkflex-rl {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging")) -> None:
+def _main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging"),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print the version and exit"),
+) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

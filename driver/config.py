@@ -12,11 +12,12 @@ something inconsistent is an error that names the field.
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from sinkflex.config import ConfigError, StrictModel, load_config, merge_dicts, validate_config
+from sinkflex.config import ConfigError, StrictModel, describe_source, load_config, merge_dicts, validate_config
 
 
 class RunConfig(StrictModel):
@@ -324,15 +325,65 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
     return out
 
 
-def load_train_config(path: str | Path) -> TrainConfig:
-    """Loads and validates an experiment config.
+def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Loads and validates an experiment config, with ``dotted.field=value`` overrides (the
+    command line's ``--set``, `sinkflex.config.set_dotted`) applied in order before anything is
+    validated: an override is checked exactly like the same field in the file, service sections
+    included (`check_service_sections`).
 
     Raises:
-        ConfigError: naming the bad field, e.g. ``rollout.group_size: Input should be greater than or equal to 1``.
+        ConfigError: naming the bad field, e.g. ``rollout.group_size: Input should be greater than or
+            equal to 1``, and the file and overrides it came from; or a malformed override.
     """
-    cfg = load_config(path, TrainConfig)
-    check_service_sections(cfg, source=str(path))
+    cfg = load_config(path, TrainConfig, overrides=overrides)
+    check_service_sections(cfg, source=describe_source(path, overrides))
     return cfg
+
+
+#: Fields of a service config that the job always fills in (`service_configs`): required by the
+#: service's class, never by the experiment file's section.
+_DERIVED_REQUIRED = {"rollout_service": ["engine", "engine.model"], "learner": ["model"]}
+
+
+def experiment_schema() -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of an experiment file: `TrainConfig`, with each service
+    section (env_service, reward_service, rollout_service, learner) described by that service's
+    own config class, less the fields the job fills in (model paths, addresses, ...). A file
+    valid under it can still fail `load_train_config` on a rule between fields (e.g.
+    learner.grpo.temperature must equal rollout.temperature).
+    """
+    from env_service.config import EnvServiceConfig
+    from learner_service.config import LearnerConfig
+    from reward_service.config import RewardServiceConfig
+    from rollout_service.config import RolloutConfig
+
+    schema = TrainConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    for section, model in [("env_service", EnvServiceConfig), ("reward_service", RewardServiceConfig),
+                           ("rollout_service", RolloutConfig), ("learner", LearnerConfig)]:
+        # the section's own $defs live under it; its $refs point there (valid JSON pointers)
+        sub = model.model_json_schema(ref_template=f"#/properties/{section}/$defs/{{model}}")
+        for dotted in _DERIVED_REQUIRED.get(section, []):
+            *parents, leaf = dotted.split(".")
+            node = sub
+            for name in parents:
+                node = _resolve(sub, node["properties"][name])
+            node["required"] = [r for r in node.get("required", []) if r != leaf]
+            if not node["required"]:
+                del node["required"]
+        sub["description"] = (f"{model.__name__} fields ({model.__module__.replace('.', '/')}.py), merged over what "
+                              "the job fills in: " + (model.__doc__ or "").strip().splitlines()[0])
+        sub["default"] = {}
+        schema["properties"][section] = sub
+    return schema
+
+
+def _resolve(root: dict, node: dict) -> dict:
+    """`node`, or the definition its local ``$ref`` (``#/properties/<section>/$defs/<name>``) names in `root`."""
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    return root["$defs"][ref.rsplit("/", 1)[-1]]
 
 
 def check_service_sections(cfg: TrainConfig, source: str = "<config>") -> None:
@@ -351,4 +402,4 @@ def check_service_sections(cfg: TrainConfig, source: str = "<config>") -> None:
         raise ConfigError(f"{source}: {err}") from None
 
 
-__all__ = ["ConfigError", "TrainConfig", "load_train_config", "service_configs"]
+__all__ = ["ConfigError", "TrainConfig", "experiment_schema", "load_train_config", "service_configs"]

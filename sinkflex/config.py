@@ -8,6 +8,7 @@ should be greater than or equal to 0``.
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import yaml
@@ -50,11 +51,11 @@ def validate_config(data: Any, model: type[T], source: str = "<config>") -> T:
         raise ConfigError(f"invalid config {source}:\n" + "\n".join(lines)) from None
 
 
-def load_config(path: str | Path, model: type[T]) -> T:
-    """Loads a YAML file into `model`.
+def read_yaml(path: str | Path) -> dict:
+    """The YAML mapping in the file at `path`, not validated.
 
     Raises:
-        ConfigError: missing file, invalid YAML, or a bad field (named by its dotted path).
+        ConfigError: the file is missing, a directory, not UTF-8, not valid YAML, or not a mapping.
     """
     path = Path(path)
     if path.is_dir():
@@ -69,4 +70,58 @@ def load_config(path: str | Path, model: type[T]) -> T:
         raise ConfigError(f"config {path} is not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a YAML mapping of sections, got {type(data).__name__}")
-    return validate_config(data, model, source=str(path))
+    return data
+
+
+def set_dotted(data: dict, assignment: str) -> dict:
+    """`data` with one ``dotted.path=value`` assignment applied (a command line's ``--set``).
+
+    The value is parsed as YAML, as it would be in the file (``8`` is an int, ``true`` a bool,
+    ``null`` or nothing None, ``[a, b]`` a list, ``"8"`` a string); mappings on the path that do
+    not exist yet are created. `data` is not modified.
+
+    Raises:
+        ConfigError: no ``=``, an empty name on the path, a value that is not YAML, or a path
+            that goes through a value that is not a mapping; the message names the assignment.
+    """
+    key, sep, text = assignment.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not sep or not key or any(not p for p in parts):
+        raise ConfigError(f"--set {assignment!r}: expected dotted.field=value, e.g. rollout.group_size=8")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {assignment!r}: the value is not valid YAML: {err}") from None
+    out = dict(data)
+    node = out
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = {}
+        elif not isinstance(child, dict):
+            where = ".".join(parts[: depth + 1])
+            raise ConfigError(f"--set {assignment!r}: {where} is {child!r}, not a section with fields")
+        node[part] = dict(child)
+        node = node[part]
+    node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path, model: type[T], overrides: Sequence[str] = ()) -> T:
+    """Loads a YAML file into `model`, with ``dotted.path=value`` overrides applied in order
+    (`set_dotted`) before it is validated, so a bad override fails like a bad field in the file.
+
+    Raises:
+        ConfigError: missing file, invalid YAML, a malformed override, or a bad field (named by
+            its dotted path; the message names the file and the overrides).
+    """
+    data = read_yaml(path)
+    for assignment in overrides:
+        data = set_dotted(data, assignment)
+    return validate_config(data, model, source=describe_source(path, overrides))
+
+
+def describe_source(path: str | Path, overrides: Sequence[str] = ()) -> str:
+    """How errors name a config: the file, then each override (``x.yaml --set a.b=1``)."""
+    return " ".join([str(path), *(f"--set {a}" for a in overrides)])

@@ -15,14 +15,20 @@ log = logging.getLogger("driver.train")
 @app.command()
 def train(
     config: Path = typer.Option(..., "--config", "-c", help="experiment YAML (configs/)"),
-    steps: Optional[int] = typer.Option(None, help="override run.steps"),
-    output_dir: Optional[str] = typer.Option(None, help="override run.output_dir"),
+    overrides: Optional[list[str]] = typer.Option(
+        None, "--set", metavar="FIELD=VALUE",
+        help="override one field, dotted.field=value (value parsed as YAML, checked like the file), "
+             "e.g. --set rollout.group_size=8; repeatable, applied in order"),
+    steps: Optional[int] = typer.Option(None, help="override run.steps (same as --set run.steps=N, applied last)"),
+    output_dir: Optional[str] = typer.Option(None, help="override run.output_dir (applied last)"),
 ) -> None:
     """Trains a policy with GRPO on tau2-Bench: rollouts → reward → Redis → learner → new policy version.
 
     With no service addresses in the config, launches every service as a local process on
     loopback ports and stops them at the end or on Ctrl-C; a re-run resumes from the last
     checkpoint. Writes metrics (JSON lines, TensorBoard), plots and a summary to the run folder.
+    Exits 2, naming the dotted field, when the config or an override is invalid
+    (`sinkflex-rl config show` prints the resolved config without training).
     """
     import dataclasses
     import json
@@ -32,22 +38,21 @@ def train(
     from rich.console import Console
 
     from sinkflex.buffer import TrajectoryBuffer
-    from sinkflex.config import ConfigError, validate_config
+    from sinkflex.config import ConfigError
     from driver.launcher import LocalLauncher
     from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
-    from driver.config import TrainConfig, load_train_config
+    from driver.config import load_train_config
     from driver.controller import Controller, paired_difference, read_validations
     from driver.local import connect, launch_local
 
     console = Console()
     try:
-        cfg = load_train_config(config)
-        data = cfg.model_dump()
+        sets = list(overrides or [])
         if steps is not None:
-            data["run"]["steps"] = steps
-        if output_dir is not None:
-            data["run"]["output_dir"] = output_dir
-        cfg = validate_config(data, TrainConfig, source=str(config))
+            sets.append(f"run.steps={steps}")
+        if output_dir is not None:  # a YAML string whatever it looks like
+            sets.append("run.output_dir=" + json.dumps(output_dir))
+        cfg = load_train_config(config, sets)
     except ConfigError as err:
         console.print(f"[red]{err}[/red]")
         raise typer.Exit(2) from None

@@ -1,0 +1,193 @@
+"""Dotted overrides (`--set`), `sinkflex-rl config show` / `config schema` and `--version`."""
+
+import json
+import tomllib
+from importlib.metadata import version as dist_version
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from driver.cli import app
+from driver.config import TrainConfig, experiment_schema, load_train_config, service_configs
+from sinkflex.config import ConfigError, merge_dicts, set_dotted, validate_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "configs" / "demo.yaml"
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+ADDRS = {"env": "127.0.0.1:1", "reward": "127.0.0.1:2", "rollout": "127.0.0.1:3", "learner": "127.0.0.1:4"}
+
+
+def _cli(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+# --------------------------------------------------------------------------- set_dotted
+
+
+def test_set_dotted_parses_values_as_yaml_and_creates_sections():
+    data = {"run": {"steps": 3, "name": "x"}}
+    out = set_dotted(data, "run.steps=8")
+    assert out == {"run": {"steps": 8, "name": "x"}} and data == {"run": {"steps": 3, "name": "x"}}  # input untouched
+    assert set_dotted({}, "a.b.c=true") == {"a": {"b": {"c": True}}}
+    assert set_dotted({}, "a=null") == {"a": None} == set_dotted({}, "a=")
+    assert set_dotted({}, "a=1e-5") == {"a": "1e-5"}  # as PyYAML reads it in the file, too (no dot: a string)
+    assert set_dotted({}, "a=1.5e-5") == {"a": 1.5e-5}
+    assert set_dotted({}, 'a="8"') == {"a": "8"}
+    assert set_dotted({}, "a=[x, y]") == {"a": ["x", "y"]}
+    assert set_dotted({}, "a=b=c") == {"a": "b=c"}  # the first = splits
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("rollout.group_size", "expected dotted.field=value"),
+    ("=3", "expected dotted.field=value"),
+    ("rollout..group_size=3", "expected dotted.field=value"),
+    ("run.steps.x=1", "run.steps is 3, not a section with fields"),
+    ("run.name=[unclosed", "not valid YAML"),
+])
+def test_set_dotted_rejects_malformed_assignments(assignment, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        set_dotted({"run": {"steps": 3}}, assignment)
+    assert repr(assignment) in str(err.value)
+
+
+# --------------------------------------------------------------------------- overrides on load
+
+
+def test_overrides_are_applied_in_order_and_reach_the_derived_service_configs():
+    cfg = load_train_config(DEMO, ["rollout.group_size=16", "run.steps=5", "rollout.temperature=0.7", "run.steps=6",
+                                   "learner.optim.lr=3.0e-5", "env_service.max_sessions=7"])
+    assert cfg.rollout.group_size == 16 and cfg.run.steps == 6  # the later override wins
+    assert cfg.task.tasks_per_step == 8 and cfg.warm_start.lr == 2.0e-4  # the file's other values stay
+    out = service_configs(cfg, "/m", ADDRS, "redis://x", None)
+    assert out["learner"].optim.total_steps == 6 and out["learner"].optim.lr == 3.0e-5
+    assert out["learner"].grpo.temperature == out["rollout_service"].agent.temperature == 0.7
+    assert out["env_service"].max_sessions == 7 and out["env_service"].default_max_steps == 30
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("rollout.group_size=0", "rollout.group_size: Input should be greater than or equal to 1"),
+    ("rollout.group_sise=4", "rollout.group_sise: Extra inputs are not permitted"),
+    ("run.steps=many", "run.steps: Input should be a valid integer"),
+    ("task.order=random", "task.order: Input should be 'shuffled' or 'stratified'"),
+    ("learner.grpo.temperature=0.5", "learner.grpo.temperature (0.5) must equal rollout.temperature (1.0)"),
+    ("learner.optim.lr=-1", "optim.lr: Input should be greater than 0"),  # a service section, checked at load
+    ("env_service.bogus=1", "bogus: Extra inputs are not permitted"),
+])
+def test_a_bad_override_names_its_dotted_field_and_the_override(assignment, message):
+    with pytest.raises(ConfigError) as err:
+        load_train_config(DEMO, ["run.name=ok", assignment])
+    assert message in str(err.value)
+    assert f"{DEMO} --set run.name=ok --set {assignment}" in str(err.value)
+
+
+def test_an_override_fails_exactly_like_the_same_field_in_the_file(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(merge_dicts(yaml.safe_load(DEMO.read_text()), {"rollout": {"max_turns": 0}})))
+    with pytest.raises(ConfigError) as in_file:
+        load_train_config(path)
+    with pytest.raises(ConfigError) as overridden:
+        load_train_config(DEMO, ["rollout.max_turns=0"])
+    assert str(in_file.value).split(":", 1)[1] == str(overridden.value).split(":", 1)[1]  # all but the source
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def test_train_rejects_a_bad_override_before_launching_anything(tmp_path):
+    result = _cli("train", "-c", str(DEMO), "--set", "rollout.group_size=0", "--output-dir", str(tmp_path / "run"))
+    assert result.exit_code == 2
+    assert "rollout.group_size: Input should be greater than or equal to 1" in result.output
+    assert not (tmp_path / "run").exists()
+    result = _cli("train", "-c", str(DEMO), "--steps", "0", "--output-dir", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "run.steps: Input should be greater than or equal to 1" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_config_show_prints_the_resolved_experiment_which_reloads_to_the_same_config(tmp_path):
+    result = _cli("config", "show", "-c", str(DEMO), "--set", "rollout.group_size=4", "--set", "validation.trials=3")
+    assert result.exit_code == 0, result.output
+    shown = yaml.safe_load(result.stdout)
+    assert result.stdout.startswith(f"# {DEMO} --set rollout.group_size=4 --set validation.trials=3, resolved")
+    assert shown["rollout"]["group_size"] == 4 and shown["validation"]["trials"] == 3
+    assert shown["run"]["step_timeout_s"] == 3600.0 and shown["local"]["learner_procs"] == 1  # defaults filled in
+    assert shown["task"]["generate"] == {"domain": "mock", "train": 256, "test": 64, "seed": 0}
+    assert shown["learner"] == {"optim": {"lr": 2.0e-5, "warmup_steps": 0}, "batch": {"micro_batch_size": 8},
+                                "grpo": {"beta": 0.0}}  # service sections as written
+    again = tmp_path / "shown.yaml"
+    again.write_text(result.stdout)
+    assert load_train_config(again) == load_train_config(DEMO, ["rollout.group_size=4", "validation.trials=3"])
+
+
+def test_config_show_services_gives_each_launched_services_config():
+    result = _cli("config", "show", "-c", str(DEMO), "--services", "--set", "rollout.temperature=0.8", "--set", "run.steps=5")
+    assert result.exit_code == 0, result.output
+    shown = yaml.safe_load(result.stdout)
+    assert list(shown) == ["env_service", "reward_service", "rollout_service", "learner"]
+    env, rollout, learner = shown["env_service"], shown["rollout_service"], shown["learner"]
+    assert env["domains"] == ["mock"] and env["default_max_steps"] == 30 and env["reward_on_termination"] is False
+    assert env["task_files"] == {"mock": ["runs/demo/tasks"]}  # the generated task set
+    assert rollout["agent"]["temperature"] == learner["grpo"]["temperature"] == 0.8
+    assert rollout["agent"]["max_groups_in_flight"] == 32 and rollout["engine"]["max_model_len"] == 4096
+    assert (learner["optim"]["total_steps"], learner["batch"]["groups_per_step"], learner["optim"]["lr"]) == (5, 8, 2.0e-5)
+    assert learner["warm_start"]["demonstrations"] == "runs/demo/warm_start/demonstrations.pb"
+    assert learner["model"]["path"] == rollout["engine"]["model"] == "<launch>"
+    assert learner["rollout_address"] == rollout["env_address"] == rollout["redis_url"] == "<launch>"
+    # each is a valid config of its service
+    from learner_service.config import LearnerConfig
+
+    assert validate_config(learner, LearnerConfig).optim.total_steps == 5
+
+
+def test_config_show_names_a_bad_override_and_exits_2():
+    result = _cli("config", "show", "-c", str(DEMO), "--set", "warm_start.epochs=0")
+    assert result.exit_code == 2
+    assert "warm_start.epochs: Input should be greater than or equal to 1" in result.stderr and result.stdout == ""
+    result = _cli("config", "show", "-c", str(ROOT / "configs" / "missing.yaml"))
+    assert result.exit_code == 2 and "config file not found" in result.stderr
+
+
+# --------------------------------------------------------------------------- the schema
+
+
+def _errors(doc):
+    schema = json.loads(_cli("config", "schema").stdout)
+    return [(list(e.absolute_path), e.validator) for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)]
+
+
+def test_config_schema_is_a_valid_json_schema_every_shipped_config_satisfies():
+    result = _cli("config", "schema")
+    assert result.exit_code == 0
+    schema = json.loads(result.stdout)
+    assert schema == experiment_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert set(schema["properties"]) == set(TrainConfig.model_fields)
+    assert schema["properties"]["learner"]["$defs"]["OptimConfig"]["properties"]["lr"]["exclusiveMinimum"] == 0
+    for path in CONFIGS:
+        assert _errors(yaml.safe_load(path.read_text())) == [], path.name
+    assert _errors({}) == []  # every section has defaults; the job fills in model paths and addresses
+
+
+def test_config_schema_rejects_bad_fields_in_every_kind_of_section():
+    demo = yaml.safe_load(DEMO.read_text())
+    for patch, where, rule in [
+        ({"rollout": {"group_size": 0}}, ["rollout", "group_size"], "minimum"),
+        ({"run": {"stepz": 3}}, ["run"], "additionalProperties"),
+        ({"task": {"order": "random"}}, ["task", "order"], "enum"),
+        ({"learner": {"optim": {"lr": -1}}}, ["learner", "optim", "lr"], "exclusiveMinimum"),
+        ({"learner": {"grpo": {"bogus": 1}}}, ["learner", "grpo"], "additionalProperties"),
+        ({"rollout_service": {"agent": {"tool_format": "xml"}}}, ["rollout_service", "agent", "tool_format"], "enum"),
+        ({"env_service": {"max_sessions": 0}}, ["env_service", "max_sessions"], "minimum"),
+        ({"reward_service": {"judge": {"base_url": "http://x"}}}, ["reward_service", "judge"], "anyOf"),  # judge.model missing
+    ]:
+        assert (where, rule) in _errors(merge_dicts(demo, patch)), patch
+
+
+def test_version_is_the_packages():
+    result = _cli("--version")
+    assert result.exit_code == 0
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert result.stdout == f"sinkflex-rl {pyproject}\n"
+    assert dist_version("sinkflex-rl") == pyproject
