@@ -5,7 +5,7 @@
 - `mean_ci` and `pass_hat_k` are the validation statistics: mean@1 with a Student-t
   confidence interval, and τ²-Bench's pass^k (Yao et al., τ-bench, eq. 1: the
   probability that all k i.i.d. trials of a task succeed, estimated per task by
-  C(c, k) / C(n, k) and averaged over tasks).
+  C(c, k) / C(n, k) with τ²-Bench's own function and averaged over tasks).
 - `plot_learning_curves` writes PNGs (matplotlib, Agg backend); `summary_table` renders a
   rich table for the terminal.
 """
@@ -24,7 +24,8 @@ JSONL_NAME = "metrics.jsonl"
 class MetricsWriter:
     """Writes metric records to `<run_dir>/metrics.jsonl` and TensorBoard.
 
-    A record is `{"kind": str, "step": int, "time": float, <name>: float, ...}`; `kind`
+    A record is `{"kind": str, "step": int, "time": float, <name>: number, ...}`: a Python
+    int stays an int (policy versions, counts), anything else becomes a float; `kind`
     ("train", "val", ...) prefixes the TensorBoard tag (`train/reward_mean`).
     """
 
@@ -39,7 +40,8 @@ class MetricsWriter:
             self._tb = SummaryWriter(str(self.run_dir / "tb"))
 
     def write(self, kind: str, step: int, metrics: Mapping[str, float]) -> dict:
-        record = {"kind": kind, "step": int(step), "time": time.time(), **{k: float(v) for k, v in metrics.items()}}
+        record = {"kind": kind, "step": int(step), "time": time.time(),
+                  **{k: int(v) if isinstance(v, int) else float(v) for k, v in metrics.items()}}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
@@ -83,15 +85,20 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
 
 
 def pass_hat_k(successes_per_task: Mapping[str, Sequence[bool]], k: int) -> float:
-    """τ²-Bench's pass^k: mean over tasks of C(c, k) / C(n, k).
+    """τ²-Bench's pass^k: the mean over tasks of τ²-Bench's own per-task estimate
+    (`tau2.metrics.agent_metrics.pass_hat_k`, C(c, k) / C(n, k) for c successes in n trials),
+    as τ²-Bench's `compute_metrics` averages it.
 
     Args:
-        successes_per_task: task id -> n trial outcomes (success = reward 1.0).
+        successes_per_task: task id -> n trial outcomes (success = reward 1.0, τ²-Bench's
+            `is_successful`).
         k: 1 <= k <= n for every task.
 
     Raises:
-        ValueError: a task has fewer than k trials.
+        ValueError: no tasks, k < 1, or a task has fewer than k trials (named).
     """
+    from tau2.metrics.agent_metrics import pass_hat_k as tau2_pass_hat_k  # imports no LLM client
+
     if not successes_per_task:
         raise ValueError("pass^k of no tasks")
     scores = []
@@ -99,7 +106,7 @@ def pass_hat_k(successes_per_task: Mapping[str, Sequence[bool]], k: int) -> floa
         n, c = len(trials), sum(bool(t) for t in trials)
         if k < 1 or n < k:
             raise ValueError(f"pass^{k} needs at least {k} trials of task {task_id}, got {n}")
-        scores.append(math.comb(c, k) / math.comb(n, k))
+        scores.append(tau2_pass_hat_k(n, c, k))
     return sum(scores) / len(scores)
 
 

@@ -19,6 +19,46 @@ def test_pass_hat_k_matches_tau_bench_definition():
         pass_hat_k(trials, 5)
 
 
+def test_pass_hat_k_equals_tau2_compute_metrics_on_a_results_file():
+    """Ours against τ²-Bench's own pipeline: a `Results` of seeded rewards on generated mock tasks,
+    scored by `tau2.metrics.agent_metrics.compute_metrics` (its success rule, its per-task
+    pass^k, its mean over tasks)."""
+    import random
+
+    from tau2.data_model.simulation import AgentInfo, Info, Results, RewardInfo, SimulationRun, TerminationReason, UserInfo
+    from tau2.environment.environment import EnvironmentInfo
+    from tau2.metrics.agent_metrics import compute_metrics, is_successful
+
+    from tau2_adapter.generate import generate_mock_tasks
+
+    tasks = list(generate_mock_tasks(train=7, test=0, seed=0).tasks.values())
+    trials, rng = 4, random.Random(0)
+    rewards = {t.id: [rng.choice([0.0, 0.5, 1.0, 1.0, 1.0 - 1e-7]) for _ in range(trials)] for t in tasks}
+    rewards[tasks[0].id] = [1.0] * trials  # every k: 1
+    rewards[tasks[1].id] = [0.0] * trials  # every k: 0
+    sims = [SimulationRun(id=f"{task_id}-{i}", task_id=task_id, trial=i, start_time="t0", end_time="t1", duration=0.0,
+                          termination_reason=TerminationReason.AGENT_STOP, reward_info=RewardInfo(reward=r), messages=[],
+                          agent_cost=0.0, user_cost=0.0)
+            for task_id, rs in rewards.items() for i, r in enumerate(rs)]
+    info = Info(git_commit="-", num_trials=trials, max_steps=30, max_errors=10, user_info=UserInfo(implementation="none"),
+                agent_info=AgentInfo(implementation="none"), environment_info=EnvironmentInfo(domain_name="mock", policy=""))
+    theirs = compute_metrics(Results(info=info, tasks=tasks, simulations=sims)).pass_hat_ks
+    ours = {k: pass_hat_k({t: [is_successful(r) for r in rs] for t, rs in rewards.items()}, k) for k in range(1, trials + 1)}
+    assert sorted(theirs) == [1, 2, 3, 4]
+    assert ours == pytest.approx(theirs, abs=1e-12)
+    assert 0.0 < ours[4] < ours[1] < 1.0  # the seeded outcomes are mixed, so the comparison means something
+
+
+def test_pass_hat_k_is_tau2s_per_task_estimate_averaged():
+    from tau2.metrics.agent_metrics import pass_hat_k as tau2_pass_hat_k
+
+    for n in range(1, 7):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                outcomes = {"t": [True] * c + [False] * (n - c), "all": [True] * n}
+                assert pass_hat_k(outcomes, k) == (tau2_pass_hat_k(n, c, k) + 1.0) / 2
+
+
 def test_mean_ci():
     m, lo, hi = mean_ci([0.0, 1.0, 1.0, 0.0])
     assert m == 0.5
@@ -49,3 +89,12 @@ def test_metrics_jsonl_plots_and_summary(tmp_path):
     table = summary_table(records)
     assert table.row_count == 3
     assert not math.isnan(records[-1]["mean_at_1"])
+
+
+def test_metrics_keep_ints_as_ints(tmp_path):
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    w.write("val", 3, {"policy_version": 4, "tasks": 64, "mean_at_1": 0.5, "ci_low": 1})
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert '"policy_version": 4,' in line and '"tasks": 64,' in line and '"ci_low": 1}' in line
+    record = json.loads(line)
+    assert type(record["policy_version"]) is int and type(record["mean_at_1"]) is float and record["step"] == 3
