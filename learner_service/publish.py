@@ -23,15 +23,8 @@ from learner_service.trainer import Learner
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "generation_config.json",
-)
+#: A model folder with any of these has a tokenizer (published with its own `save_pretrained`).
+TOKENIZER_MARKERS = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 @dataclass(frozen=True)
@@ -64,9 +57,7 @@ def publish_policy(learner: Learner, timeout_s: float = 600.0) -> Published:
         _fix_architectures(tmp / "config.json", learner.arch_name)
         src = learner.cfg.model.path
         if src is not None:
-            for name in TOKENIZER_FILES:
-                if (Path(src) / name).is_file():
-                    shutil.copy2(Path(src) / name, tmp / name)
+            _copy_tokenizer(Path(src), tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -77,6 +68,23 @@ def publish_policy(learner: Learner, timeout_s: float = 600.0) -> Published:
     learner.state.published_version = version
     learner.state.published_location = result.location
     return result
+
+
+def _copy_tokenizer(src: Path, out: Path) -> None:
+    """The tokenizer of the model folder `src` into `out`, written by the tokenizer's own
+    `save_pretrained` (every file it needs: vocab, merges, sentencepiece model, chat template,
+    ...), and `src`'s generation_config.json as is (vLLM's sampling defaults); nothing for a
+    folder without a tokenizer (`TOKENIZER_MARKERS`).
+
+    Raises:
+        OSError, ValueError: `src` has tokenizer files that transformers cannot load.
+    """
+    if any((src / name).is_file() for name in TOKENIZER_MARKERS):
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    if (src / "generation_config.json").is_file():
+        shutil.copy2(src / "generation_config.json", out / "generation_config.json")
 
 
 def _fix_architectures(config_json: Path, arch_name: str) -> None:
