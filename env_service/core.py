@@ -10,6 +10,14 @@ RESOURCE_EXHAUSTED). A session idle longer than `session_ttl_seconds` is freed (
 on every call and by a reaper thread); calls on it then fail with NOT_FOUND, as on a
 closed or unknown session. Calls on one session are serialised by its lock; calls on
 different sessions run in parallel.
+
+A Step whose client is gone (cancelled, or its deadline passed) is never lost nor applied
+twice: one that has not started when the client goes (e.g. waiting for the session's lock)
+is not applied (CANCELLED / DEADLINE_EXCEEDED); one that was being applied completes, and
+its response is kept on the session. Resending the same StepRequest then returns that
+response (info `replayed: "true"`) without applying it again; any other Step on the session
+is FAILED_PRECONDITION until then (the client's trajectory would silently diverge from the
+session's), and Close works as always. See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -18,14 +26,16 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Optional
 
 from env_service.catalog import Catalog
 from env_service.config import EnvServiceConfig
 from env_service.session import TERMINATION_TO_PB, TRUNCATION_REASONS, Tau2Session, new_session_id
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.env.v1 import env_pb2
-from sinkflex.errors import clip, invalid_argument, not_found, resource_exhausted
+import grpc
+
+from sinkflex.errors import ServiceError, clip, failed_precondition, invalid_argument, not_found, resource_exhausted
 
 log = logging.getLogger(__name__)
 
@@ -138,26 +148,77 @@ class EnvCore:
             info=info,
         )
 
-    def step(self, request: env_pb2.StepRequest) -> env_pb2.StepResponse:
+    def step(self, request: env_pb2.StepRequest,
+             client_gone: Optional[Callable[[], Optional[grpc.StatusCode]]] = None,
+             applied: Optional[list] = None) -> env_pb2.StepResponse:
         """Applies one agent action.
 
+        `client_gone()` says whether the caller is still waiting: None, or CANCELLED /
+        DEADLINE_EXCEEDED (the gRPC servicer passes one; see the module docstring for what
+        happens to a Step whose client is gone). `applied`, when given, receives one
+        `(session, request bytes, action count)` once the Step has been applied, for
+        `keep_undelivered` should the client turn out to be gone after all.
+
         Raises (ServiceError): NOT_FOUND unknown/closed/expired session; FAILED_PRECONDITION
-        the episode has ended; INVALID_ARGUMENT a malformed action (see Tau2Session.step).
+        the episode has ended, or the previous Step's answer was never delivered and this is
+        not its resend; INVALID_ARGUMENT a malformed action (see Tau2Session.step);
+        CANCELLED / DEADLINE_EXCEEDED the client went away before the Step started (not applied).
         """
         session = self._get(request.session_id)
         with session.lock:
             session.last_used = time.monotonic()
-            observation = session.step(request.action, request.stop)
-            session.last_used = time.monotonic()
-            reason = session.termination_reason if session.done else None
-            return env_pb2.StepResponse(
-                observation=observation,
-                reward=session.reward if (session.done and session.reward is not None) else 0.0,
-                terminated=session.done and reason not in TRUNCATION_REASONS,
-                truncated=session.done and reason in TRUNCATION_REASONS,
-                termination_reason=TERMINATION_TO_PB[reason] if reason else common_pb2.TERMINATION_REASON_UNSPECIFIED,
-                info=session.info(),
-            )
+            gone = client_gone() if client_gone is not None else None
+            if gone is not None:
+                raise ServiceError(gone, f"session {session.session_id}: the client went away ({gone.name}) "
+                                         "before the Step started; it was not applied")
+            data = request.SerializeToString(deterministic=True)
+            if session.undelivered is not None:
+                kept, response = session.undelivered
+                if data != kept:
+                    raise failed_precondition(
+                        f"session {session.session_id}: the previous Step was applied after its client went away "
+                        "(cancelled or past its deadline) and its answer was never delivered; resend that same "
+                        "StepRequest to get its result, or Close the session")
+                session.undelivered = None
+                replayed = env_pb2.StepResponse()
+                replayed.CopyFrom(response)
+                replayed.info["replayed"] = "true"
+                return replayed
+            response = self._apply(session, request)
+            gone = client_gone() if client_gone is not None else None
+            if gone is not None:
+                session.undelivered = (data, response)
+                log.info("session %s: Step applied after the client went away (%s); kept for its resend",
+                         session.session_id, gone.name)
+            elif applied is not None:
+                applied.append((session, data, session.num_actions))
+            return response
+
+    def keep_undelivered(self, session: Tau2Session, data: bytes, response: env_pb2.StepResponse, num_actions: int) -> None:
+        """Keeps a Step's response for its resend: the transport learnt after the Step that its
+        client had gone. A no-op when the session has stepped since (or was closed)."""
+        with session.lock:
+            if session.num_actions == num_actions and session.undelivered is None and not self._is_gone(session):
+                session.undelivered = (data, response)
+                log.info("session %s: the answer of Step %d was not delivered (client gone); kept for its resend",
+                         session.session_id, num_actions)
+
+    def _is_gone(self, session: Tau2Session) -> bool:
+        with self._lock:
+            return self._sessions.get(session.session_id) is not session
+
+    def _apply(self, session: Tau2Session, request: env_pb2.StepRequest) -> env_pb2.StepResponse:
+        observation = session.step(request.action, request.stop)
+        session.last_used = time.monotonic()
+        reason = session.termination_reason if session.done else None
+        return env_pb2.StepResponse(
+            observation=observation,
+            reward=session.reward if (session.done and session.reward is not None) else 0.0,
+            terminated=session.done and reason not in TRUNCATION_REASONS,
+            truncated=session.done and reason in TRUNCATION_REASONS,
+            termination_reason=TERMINATION_TO_PB[reason] if reason else common_pb2.TERMINATION_REASON_UNSPECIFIED,
+            info=session.info(),
+        )
 
     def close(self, session_id: str) -> None:
         """Frees a session. Raises ServiceError NOT_FOUND: unknown, closed or expired."""

@@ -7,6 +7,7 @@ size limits on the server (`sinkflex.serving.ServiceServer`); graceful stop on S
 from __future__ import annotations
 
 import logging
+import threading
 
 import grpc
 
@@ -50,12 +51,40 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     @abort_on_error
     def Step(self, request, context):
-        return self.core.step(request)
+        applied: list = []
+        response = self.core.step(request, client_gone=lambda: _client_gone(context), applied=applied)
+        if applied:  # the client may still go before the answer reaches it
+            session, data, n = applied[0]
+
+            def on_rpc_done():
+                if _ended_cancelled(context):  # off grpc's event thread: keep takes the session's lock
+                    threading.Thread(target=self.core.keep_undelivered, args=(session, data, response, n),
+                                     daemon=True).start()
+
+            context.add_callback(on_rpc_done)
+        return response
 
     @abort_on_error
     def Close(self, request, context):
         self.core.close(request.session_id)
         return env_pb2.CloseResponse()
+
+
+def _client_gone(context) -> grpc.StatusCode | None:
+    """None while the RPC's client waits for the answer; else DEADLINE_EXCEEDED (its deadline
+    passed) or CANCELLED."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return None if context.is_active() else grpc.StatusCode.CANCELLED
+
+
+def _ended_cancelled(context) -> bool:
+    """Whether a finished RPC ended cancelled (the client cancelled, its deadline passed, or
+    the connection dropped) rather than delivered. grpc-python has no public API for this
+    on a sync server; its `_RPCState.client` is "cancelled" then (grpc/_server.py)."""
+    state = getattr(context, "_state", None)
+    return getattr(state, "client", None) == "cancelled"
 
 
 def build_server(

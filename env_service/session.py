@@ -162,6 +162,9 @@ class Tau2Session:
         self.reward: Optional[float] = None
         self.reward_info_json = ""
         self.error = ""
+        #: (request bytes, response) of a Step applied after its client had gone (cancelled,
+        #: deadline passed): kept for the client's resend (`core.EnvCore.step`).
+        self.undelivered: Optional[tuple[bytes, common_pb2.StepResponse]] = None
 
     # -- prompts --------------------------------------------------------------------------
     @property
