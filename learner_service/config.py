@@ -74,7 +74,8 @@ class GRPOConfig(StrictModel):
     clip_eps_high: float | None = Field(None, ge=0)
     """Upper clip 1 + ε_high ("clip-higher"); None: symmetric, = clip_eps_low."""
     beta: float = Field(0.0, ge=0)
-    """Weight of the k3 KL to the reference (initial) policy; 0: no reference model is loaded."""
+    """Weight of the k3 KL to the reference policy π_ref: the policy RL starts from (the warm
+    start's when there is one, else the initial model); 0: no reference model is loaded."""
     temperature: float = Field(1.0, gt=0)
     """The rollout engine's sampling temperature: log-probs are log softmax(logits / temperature)."""
     ppo_epochs: int = Field(1, ge=1)

@@ -132,6 +132,21 @@ class LearnerRunner:
         log.info("warm start done: policy version %d at %s (%s)", published.policy_version, published.location,
                  ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
+    def _load_reference(self, version: int) -> None:
+        """Loads published policy `version` (safetensors) as the learner's KL reference. Collective."""
+        learner = self.learner
+        folder = policy_dir(learner.cfg.run_dir, version)
+        sd: dict = {}
+        if learner.rank == 0 or learner.world == 1:
+            from safetensors.torch import load_file
+
+            files = sorted(folder.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"KL reference: no safetensors in {folder} (the warm-start policy version {version})")
+            for f in files:
+                sd.update(load_file(str(f)))
+        learner.set_reference(sd, version)
+
     def run(self, max_steps: int | None = None) -> int:
         """Trains until `max_steps` learner steps in total (None: until `request_stop`).
 
@@ -144,6 +159,9 @@ class LearnerRunner:
             self.buffer.mark_trained(learner.state.trained_group_ids)
         if cfg.warm_start.demonstrations and learner.state.policy_version == 0 and not self._stop.is_set():
             self._warm_start()
+        ws = learner.state.warm_start_version
+        if learner.ref_model is not None and ws > 0 and learner.reference_version != ws:
+            self._load_reference(ws)  # resumed after the warm start: π_ref is the warm-start policy
         v = learner.state.policy_version
         if v > 0 and not policy_dir(cfg.run_dir, v).is_dir():
             publish_policy(learner)  # crashed between checkpoint and publish

@@ -61,7 +61,7 @@ def publish_policy(learner: Learner, timeout_s: float = 600.0) -> Published:
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
-        _prune(out.parent, learner.cfg.keep_policies)
+        _prune(out.parent, learner.cfg.keep_policies, protect=learner.state.warm_start_version)
         if learner.cfg.rollout_address:
             result = _update_weights(learner.cfg.rollout_address, version, result.location, timeout_s)
         log.info("published policy version %d at %s", version, out)
@@ -94,9 +94,12 @@ def _fix_architectures(config_json: Path, arch_name: str) -> None:
     config_json.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def _prune(root: Path, keep: int) -> None:
+def _prune(root: Path, keep: int, protect: int = 0) -> None:
+    """Deletes all but the newest `keep` versions, never version `protect` (the warm start's: the KL reference)."""
     versions = sorted((p for p in root.glob("v*") if p.is_dir() and p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
     for p in versions[:-keep]:
+        if protect and p.name == f"v{protect}":
+            continue
         shutil.rmtree(p, ignore_errors=True)
 
 

@@ -192,6 +192,7 @@ def warm_start(learner, groups: Sequence[common_pb2.TrajectoryGroup]) -> dict[st
     del opt
     learner.state.policy_version += 1
     learner.state.warm_start_version = learner.state.policy_version
+    learner.set_reference()  # the KL reference of RL is the policy RL starts from
     last.update({"warm_start_demonstrations": float(n), "warm_start_optimizer_steps": float(step),
                  "warm_start_seconds": time.perf_counter() - t0})
     learner.last_metrics = {**learner.last_metrics, **last, "policy_version": float(learner.state.policy_version)}

@@ -163,6 +163,8 @@ class Learner:
             log.warning("batch.shared_prefix needs model.attn_implementation 'sinkflex': training on unshared rows")
         self.model = shard_model(model)
         self.ref_model = None
+        #: policy version whose weights the KL reference holds (0: the initial model)
+        self.reference_version = 0
         if cfg.grpo.beta > 0:
             self.ref_model = shard_model(freeze(build_model(cfg.model.model_copy(update={"gradient_checkpointing": False}), self.device)))
         o = cfg.optim
@@ -303,6 +305,31 @@ class Learner:
             for p in parts:
                 mine.update(p or {})
         return [mine[i] for i in idx]
+
+    def set_reference(self, state_dict: dict[str, torch.Tensor] | None = None, version: int | None = None) -> None:
+        """Makes π_ref of the KL term (`grpo.beta`) the given weights; a no-op when beta = 0.
+
+        RL's reference is the policy RL starts from: the initial model, or the warm start's
+        policy when there is one (learner_service/sft.py calls this after the warm start;
+        `loop.LearnerRunner.run` reloads it from the published warm-start version on resume).
+        Collective under torchrun (`torch.distributed.checkpoint.state_dict.set_model_state_dict`
+        with a full state dict broadcast from rank 0).
+
+        Args:
+            state_dict: a full (unsharded) state dict on rank 0 ({} on other ranks); default:
+                the learner's current weights.
+            version: the policy version those weights are (default: the current one).
+        """
+        if self.ref_model is None:
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+        if state_dict is None:
+            state_dict = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=self.world > 1, strict=False)
+        set_model_state_dict(self.ref_model, state_dict, options=opts)
+        self.reference_version = self.state.policy_version if version is None else version
+        log.info("KL reference: policy version %d", self.reference_version)
 
     # ------------------------------------------------------------------ the step
     def prepare(self, groups: Sequence[common_pb2.TrajectoryGroup]) -> tuple[list[Rollout], list[GroupInfo], dict[str, float]]:
