@@ -1,7 +1,7 @@
 """`TrainConfig`: the whole experiment in one YAML file, validated on load.
 
 The file has job-level sections (`run`, `task`, `rollout`, `validation`, `models`,
-`services`, `local`) and one section per service whose fields are that service's own
+`services`, `local`, `logging`) and one section per service whose fields are that service's own
 config model (`env_service` → `EnvServiceConfig`, `reward_service` →
 `RewardServiceConfig`, `rollout_service` → `RolloutConfig`, `learner` → `LearnerConfig`).
 Fields the job derives (model paths, the sampling temperature the learner must use,
@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, model_validator
 
 from sinkflex.config import ConfigError, StrictModel, describe_source, load_config, merge_dicts, validate_config
+from sinkflex.reporting import ReportingConfig
 
 
 class RunConfig(StrictModel):
@@ -190,6 +191,10 @@ class TrainConfig(StrictModel):
     services: ServicesConfig = ServicesConfig()
     local: LocalConfig = LocalConfig()
     warm_start: WarmStartSettings = WarmStartSettings()
+    logging: ReportingConfig = ReportingConfig()
+    """Metrics go to <run dir>/metrics.jsonl and TensorBoard always; `report_to: [wandb, mlflow]`
+    mirrors the driver's records (train steps with the learner's metrics, trajectories,
+    validations) to W&B and/or MLflow (`sinkflex.reporting`)."""
     env_service: dict[str, Any] = {}
     """EnvServiceConfig fields (env_service/config.py)."""
     reward_service: dict[str, Any] = {}

@@ -40,7 +40,7 @@ def train(
     from sinkflex.buffer import TrajectoryBuffer
     from sinkflex.config import ConfigError
     from driver.launcher import LocalLauncher
-    from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
+    from sinkflex.reporting import open_trackers, plot_learning_curves, read_metrics, summary_table
     from driver.config import load_train_config
     from driver.controller import Controller, paired_difference, read_validations
     from driver.local import connect, launch_local
@@ -65,13 +65,23 @@ def train(
 
     signal.signal(signal.SIGTERM, _terminate)
     t_start = time.time()
+    try:  # W&B / MLflow (logging.report_to) start before any service: a wrong key fails now
+        trackers = open_trackers(run_dir, cfg.logging, cfg.run.name, cfg.model_dump(mode="json"))
+    except Exception as err:
+        console.print(f"[red]logging.report_to: could not start {type(err).__name__}: {err}[/red]")
+        raise typer.Exit(1) from None
     with LocalLauncher(run_dir) as launcher:
         try:
             addresses = connect(cfg) if cfg.services.external() else launch_local(cfg, launcher)
-        except ConfigError as err:
-            console.print(f"[red]{err}[/red]")
-            raise typer.Exit(2) from None
+        except BaseException as err:
+            for tracker in trackers:
+                tracker.close()
+            if isinstance(err, ConfigError):
+                console.print(f"[red]{err}[/red]")
+                raise typer.Exit(2) from None
+            raise
         controller = Controller(cfg, addresses, alive_check=launcher.check_alive)
+        controller.metrics.add_trackers(trackers)
         try:
             version = controller.run()
             log.info("done: policy version %d", version)
