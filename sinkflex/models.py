@@ -7,7 +7,12 @@ it). transformers dequantizes the GGUF (`from_pretrained(dir, gguf_file=...)`, n
 we save the float32 weights as safetensors with `architectures: ["LlamaForCausalLM"]` and no
 `quantization_config`, plus the tokenizer with its chat template. The folder loads in
 transformers (`AutoModelForCausalLM.from_pretrained(folder)`) and in vLLM (`LLM(folder)`).
-No hub access anywhere.
+
+`resolve_model` turns what a config names into a local folder: a folder (with a config.json),
+a name prepared here, or a Hugging Face hub id — with `hub=True` downloaded by
+`huggingface_hub.snapshot_download` into the HF cache (`HF_HOME` / `HF_HUB_CACHE`), without it
+(the default: the embedded path never goes online) only when that cache already has it, else
+a clear error saying how to allow the download.
 
 Departure from "the" SmolLM2 checkpoint: the weights are the Q4_1 dequantization, not the
 original bf16 weights, so generations differ slightly from the hub model.
@@ -134,18 +139,87 @@ def prepare_model(name: str = "smollm2", out: str | Path | None = None, force: b
     return out
 
 
-def resolve_model(name_or_path: str, allow_hub_id: bool = False) -> str:
-    """A model folder for `name_or_path`: an existing folder as is (absolute), else a name
-    this module prepares (`prepare_model`, cached), else — with `allow_hub_id` — the string
-    unchanged, for vLLM / transformers to resolve as a Hugging Face id (GPU images).
+def check_model_folder(folder: str | Path) -> Path:
+    """`folder`, absolute, if it looks like a transformers model folder (a config.json).
 
     Raises:
-        ValueError: not a folder nor a known name, and hub ids not allowed.
+        ValueError: no such folder, or no config.json in it.
     """
-    if Path(name_or_path).expanduser().is_dir():
-        return str(Path(name_or_path).expanduser().resolve())
+    path = Path(folder).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model folder {str(path)!r} has no config.json (a transformers model folder is needed: "
+                         f"save_pretrained's output, a hub snapshot, or `sinkflex-rl models prepare`)")
+    return path
+
+
+def is_hub_id(name: str) -> bool:
+    """`name` is a well-formed Hugging Face repo id (``org/name`` or a legacy ``name``)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.startswith((".", "~", "/")):
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def hub_model(repo_id: str, hub: bool = False, revision: str | None = None, out: str | Path | None = None) -> Path:
+    """The local folder of hub model `repo_id`: from the HF cache, or (with `hub`) downloaded there
+    (or into `out`) by `huggingface_hub.snapshot_download` (weights, config, tokenizer).
+
+    Raises:
+        ValueError: not in the cache and `hub` is off (the message says how to allow it), hub
+            access is switched off by HF_HUB_OFFLINE, or the download failed (named).
+    """
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.utils import LocalEntryNotFoundError
+
+    kw = {"revision": revision, "local_dir": str(Path(out).expanduser().resolve()) if out else None}
+    if not hub or constants.HF_HUB_OFFLINE:
+        try:
+            return Path(huggingface_hub.snapshot_download(repo_id, local_files_only=True, **kw))
+        except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+            where = f"in {kw['local_dir']}" if out else f"in the local cache ({constants.HF_HUB_CACHE})"
+            if hub:
+                raise ValueError(f"model {repo_id!r} is a Hugging Face hub id that is not {where}, and HF_HUB_OFFLINE is "
+                                 f"set: unset it to download, or give a model folder") from None
+            raise ValueError(
+                f"model {repo_id!r} is a Hugging Face hub id that is not {where}, and hub downloads are off "
+                f"(the default, offline): on a machine that is online set models.hub: true (--set models.hub=true; "
+                f"`sinkflex-rl models prepare {repo_id} --hub`), or give a model folder, or one of "
+                f"{', '.join(KNOWN_MODELS)}") from None
+    try:
+        folder = huggingface_hub.snapshot_download(repo_id, **kw)
+    except Exception as err:  # connection refused, 401/404 (gated, unknown repo), disk full, ...
+        raise ValueError(f"model {repo_id!r}: downloading from the Hugging Face hub ({constants.ENDPOINT}) "
+                         f"failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
+    return Path(folder)
+
+
+def resolve_model(name_or_path: str, allow_hub_id: bool = False, hub: bool = False) -> str:
+    """A local model folder for `name_or_path`: an existing folder as is (absolute), else a name this module prepares (`prepare_model`, cached), else a Hugging Face
+    hub id: from the HF cache, downloaded there first with `hub` (`hub_model`). With
+    `allow_hub_id` a hub id not in the cache is returned unchanged, for vLLM / transformers to
+    resolve themselves (the images).
+
+    Raises:
+        ValueError: not a folder, known name nor hub id; a hub id
+            not in the cache with downloads off; a failed download.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
     if name_or_path in KNOWN_MODELS:
         return str(prepare_model(name_or_path))
-    if allow_hub_id:
-        return name_or_path
-    raise ValueError(f"model {name_or_path!r} is neither a folder nor a known name ({', '.join(KNOWN_MODELS)})")
+    if not is_hub_id(name_or_path):
+        raise ValueError(f"model {name_or_path!r} is neither a folder (none there), a known name "
+                         f"({', '.join(KNOWN_MODELS)}) nor a Hugging Face hub id")
+    try:
+        return str(hub_model(name_or_path, hub=hub))
+    except ValueError:
+        if allow_hub_id and not hub:
+            return name_or_path
+        raise

