@@ -23,6 +23,15 @@
 {{- printf "%s-%s" (include "sinkflex.fullname" .root) .component }}
 {{- end }}
 
+{{/* The ServiceAccount every pod runs as: serviceAccount.name, else <fullname> when the chart makes it, else "default". */}}
+{{- define "sinkflex.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sinkflex.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
 {{/* Labels ---------------------------------------------------------------- */}}
 
 {{- define "sinkflex.labels" -}}
