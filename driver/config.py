@@ -18,7 +18,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, model_validator
 
 from sinkflex.config import ConfigError, StrictModel, describe_source, load_config, merge_dicts, validate_config
-from sinkflex.reporting import ReportingConfig
+from sinkflex.tracking import ReportingConfig
 
 
 class RunConfig(StrictModel):
@@ -200,7 +200,7 @@ class TrainConfig(StrictModel):
     logging: ReportingConfig = ReportingConfig()
     """Metrics go to <run dir>/metrics.jsonl and TensorBoard always; `report_to: [wandb, mlflow]`
     mirrors the driver's records (train steps with the learner's metrics, trajectories,
-    validations) to W&B and/or MLflow (`sinkflex.reporting`)."""
+    validations) to W&B and/or MLflow (`sinkflex.tracking`)."""
     env_service: dict[str, Any] = {}
     """EnvServiceConfig fields (env_service/config.py)."""
     reward_service: dict[str, Any] = {}

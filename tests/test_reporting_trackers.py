@@ -1,4 +1,4 @@
-"""W&B and MLflow beside JSON lines and TensorBoard (`logging.report_to`, sinkflex.reporting):
+"""W&B and MLflow beside JSON lines and TensorBoard (`logging.report_to`, sinkflex.tracking):
 a tracker whose package is missing is a config error at load, naming the field and the
 install command; with the package present (the dev extras install both), every record reaches
 W&B (offline, files under the run folder) and MLflow (its local SQLite store in the run folder)
@@ -11,15 +11,16 @@ import logging
 
 import pytest
 
-from sinkflex import reporting
+from sinkflex import tracking
 from sinkflex.config import ConfigError, validate_config
-from sinkflex.reporting import MetricsWriter, ReportingConfig, open_trackers, read_metrics
+from sinkflex.reporting import MetricsWriter, read_metrics
+from sinkflex.tracking import ReportingConfig, open_trackers
 
 
 def test_missing_package_is_a_clear_error_at_load(monkeypatch, tmp_path):
     from driver.config import load_train_config
 
-    monkeypatch.setattr(reporting, "_missing", lambda module: module == "wandb")
+    monkeypatch.setattr(tracking, "_missing", lambda module: module == "wandb")
     cfg = tmp_path / "exp.yaml"
     cfg.write_text("run: {name: t}\n")
     with pytest.raises(ConfigError) as err:
@@ -34,12 +35,12 @@ def test_missing_package_is_a_clear_error_at_load(monkeypatch, tmp_path):
 def test_unknown_tracker_and_the_real_import_check():
     with pytest.raises(ConfigError, match=r"report_to\.0: Input should be 'wandb' or 'mlflow'"):
         validate_config({"report_to": ["comet"]}, ReportingConfig)
-    assert reporting._missing("surely_no_such_module_sinkflex") and not reporting._missing("yaml")
+    assert tracking._missing("surely_no_such_module_sinkflex") and not tracking._missing("yaml")
 
 
 def test_mlflow_local_store_needs_sqlalchemy(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr(reporting, "_missing", lambda module: module == "sqlalchemy")
+    monkeypatch.setattr(tracking, "_missing", lambda module: module == "sqlalchemy")
     with pytest.raises(ConfigError, match="local SQLite store, which needs sqlalchemy"):
         validate_config({"report_to": ["mlflow"]}, ReportingConfig)
     assert validate_config({"report_to": ["mlflow"], "mlflow": {"tracking_uri": "http://mlflow:5000"}},

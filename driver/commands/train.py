@@ -40,7 +40,8 @@ def train(
     from sinkflex.buffer import TrajectoryBuffer
     from sinkflex.config import ConfigError
     from driver.launcher import LocalLauncher
-    from sinkflex.reporting import open_trackers, plot_learning_curves, read_metrics, summary_table
+    from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
+    from sinkflex.tracking import open_trackers
     from driver.config import load_train_config
     from driver.controller import Controller, paired_difference, read_validations
     from driver.local import connect, launch_local
