@@ -49,6 +49,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     SINKFLEX_CACHE=/opt/sinkflex-cache \
     SINKFLEX_CONFIG=configs/retail.yaml \
     SINKFLEX_GRPC_PORT=50053
+# OCI image annotations (https://github.com/opencontainers/image-spec/blob/main/annotations.md);
+# VERSION is pyproject's version, REVISION / CREATED are set by the build
+# (--build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)).
+ARG VERSION=0.1.0
+ARG REVISION=""
+ARG CREATED=""
+LABEL org.opencontainers.image.title="sinkflex-rollout" \
+      org.opencontainers.image.description="SinkFlex-RL rollout service: the multi-turn agent loop on vLLM over gRPC" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="SinkFlex-RL"
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protos ./protos
