@@ -126,6 +126,11 @@ class BatchConfig(StrictModel):
     """Pack each group's rollouts (up to micro_batch_size of them) as one row [prefix | suffix_1 |
     … | suffix_G] so that the shared prompt is computed once (exact: same log-probs, loss and
     gradients as unshared rows); needs the sinkflex attention path."""
+    shared_prefix_across_groups: bool = False
+    """Share one prefix across groups too: consecutive rollouts of the step (group after group,
+    up to micro_batch_size of them) form one row with their common prefix (e.g. the system
+    prompt and tool schemas every task of a domain starts with), instead of one row per group.
+    Same exactness; fewer positions computed when tasks share a long prompt."""
     shared_prefix_min_tokens: int = Field(64, ge=1)
     """A group whose common prefix is shorter trains on unshared rows (counted in the metrics
     as shared_prefix_fallback_groups)."""

@@ -249,8 +249,8 @@ class Learner:
             rest: list[int] = []
             if self.shared_prefix:
                 by_group: dict[str, list[int]] = {}
-                for i in share:
-                    by_group.setdefault(rollouts[i].group_id, []).append(i)
+                for i in share:  # one "group" for all of them when the prefix is shared across groups
+                    by_group.setdefault("" if bc.shared_prefix_across_groups else rollouts[i].group_id, []).append(i)
                 for members in by_group.values():
                     for c in range(0, len(members), size):
                         chunk = members[c : c + size]

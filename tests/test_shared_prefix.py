@@ -106,10 +106,11 @@ def test_blockwise_matches_reference_float64(window, tile):
     assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_out)) <= 1e-12
 
 
-@pytest.mark.parametrize("pad_budget", [0.0, 100.0], ids=["per-suffix", "batched"])
-@pytest.mark.parametrize("P, lengths", [(5, [3, 4, 1]), (0, [2, 5]), (6, [1])])
+@pytest.mark.parametrize("pad_budget", [0.0, 1.3, 100.0], ids=["per-suffix", "bucketed", "batched"])
+@pytest.mark.parametrize("P, lengths", [(5, [3, 4, 1]), (0, [2, 5]), (6, [1]), (4, [9, 2, 8, 2, 3, 9, 1])])
 def test_sdpa_route_matches_reference_float64(monkeypatch, pad_budget, P, lengths):
-    """Both SDPA forms of the suffixes (one call per suffix; one padded batched call) are exact."""
+    """Every SDPA form of the suffixes (one call per suffix; buckets of similar length; one
+    padded batched call) is exact, outputs in suffix order whatever the buckets."""
     from sinkflex.attention import hf
     from sinkflex.attention.hf import _sdpa_shared_prefix
 
@@ -124,6 +125,20 @@ def test_sdpa_route_matches_reference_float64(monkeypatch, pad_budget, P, length
     g_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
     g_out = torch.autograd.grad(out.square().sum(), (q, k, v))
     assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_out)) <= 1e-12
+
+
+def test_length_buckets():
+    from sinkflex.attention import hf
+    from sinkflex.attention.hf import _length_buckets
+
+    assert _length_buckets(100, [120, 118, 125, 121]) == [[1, 0, 3, 2]]  # a group: one call
+    b = _length_buckets(850, [100, 400, 110, 390, 105, 1200])  # many groups' rollouts
+    assert sorted(j for bucket in b for j in bucket) == list(range(6))
+    assert b == [[0, 4, 2], [3, 1], [5]]
+    for bucket in b:  # padding within each bucket is inside the budget
+        n = [[100, 400, 110, 390, 105, 1200][j] for j in bucket]
+        assert len(n) * max(n) * (850 + max(n)) <= hf._PAD_BUDGET * sum(x * (850 + x) for x in n)
+    assert _length_buckets(5, []) == []
 
 
 def _groups():

@@ -272,9 +272,10 @@ def _sdpa_shared_prefix(q: Tensor, k: Tensor, v: Tensor, scale: float, layout) -
     keys broadcast over G, so their gradients from every suffix sum in the expand's
     backward), with the causal-offset mask; suffixes shorter than ``S_max`` are padded with
     query rows whose outputs are dropped (zero gradient) and key columns that are masked.
-    When padding would cost more than `_PAD_BUDGET` times the unpadded attention, each
-    suffix is its own call instead. Both are exact (same pairs, same softmax); batching
-    turns G small kernel calls into one (CPU flash attention's backward in particular).
+    Suffixes are batched in buckets of similar length (`_length_buckets`: padding costs at
+    most `_PAD_BUDGET` times the unpadded attention); a bucket of one is its own call. All
+    are exact (same pairs, same softmax); batching turns G small kernel calls into a few
+    (CPU flash attention's backward in particular).
     """
     import torch.nn.functional as F
 
@@ -286,22 +287,49 @@ def _sdpa_shared_prefix(q: Tensor, k: Tensor, v: Tensor, scale: float, layout) -
         if prefix:
             parts.append(F.scaled_dot_product_attention(
                 qb[:, :, :prefix], kb[:, :, :prefix], vb[:, :, :prefix], is_causal=True, scale=scale, enable_gqa=gqa))
-        lengths = [e - a for a, e in sufs]
-        s_max = max(lengths, default=0)
-        padded = len(sufs) * s_max * (prefix + s_max)
-        unpadded = sum(n * (prefix + n) for n in lengths)
-        if len(sufs) > 1 and padded <= _PAD_BUDGET * unpadded:
-            parts.append(_sdpa_suffixes_batched(qb, kb, vb, scale, prefix, sufs, s_max, gqa))
-        else:
-            for a, e in sufs:
-                n = e - a
-                ks = torch.cat([kb[:, :, :prefix], kb[:, :, a:e]], dim=2)
-                vs = torch.cat([vb[:, :, :prefix], vb[:, :, a:e]], dim=2)
-                cols = torch.arange(prefix + n, device=q.device)
-                allowed = (cols[None, :] < prefix) | (cols[None, :] - prefix <= torch.arange(n, device=q.device)[:, None])
-                parts.append(F.scaled_dot_product_attention(qb[:, :, a:e], ks, vs, attn_mask=allowed, scale=scale, enable_gqa=gqa))
+        outs: dict[int, Tensor] = {}  # suffix index -> its [1, H, n, D] output
+        for bucket in _length_buckets(prefix, [e - a for a, e in sufs]):
+            chosen = [sufs[j] for j in bucket]
+            if len(bucket) > 1:
+                lengths = [e - a for a, e in chosen]
+                out = _sdpa_suffixes_batched(qb, kb, vb, scale, prefix, chosen, max(lengths), gqa)
+                for j, piece in zip(bucket, out.split(lengths, dim=2)):
+                    outs[j] = piece
+                continue
+            (a, e), j = chosen[0], bucket[0]
+            n = e - a
+            ks = torch.cat([kb[:, :, :prefix], kb[:, :, a:e]], dim=2)
+            vs = torch.cat([vb[:, :, :prefix], vb[:, :, a:e]], dim=2)
+            cols = torch.arange(prefix + n, device=q.device)
+            allowed = (cols[None, :] < prefix) | (cols[None, :] - prefix <= torch.arange(n, device=q.device)[:, None])
+            outs[j] = F.scaled_dot_product_attention(qb[:, :, a:e], ks, vs, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+        parts.extend(outs[j] for j in range(len(sufs)))
         rows.append(torch.cat(parts, dim=2))
     return torch.cat(rows, dim=0)
+
+
+def _length_buckets(prefix: int, lengths: list[int]) -> list[list[int]]:
+    """Suffix indices grouped for batched SDPA calls: sorted by length, each bucket as large as
+    padding to its longest member allows (padded attention ≤ `_PAD_BUDGET` × unpadded).
+
+    One bucket when all suffixes are about as long (a GRPO group); a row of many groups'
+    rollouts of varied lengths gets a few buckets instead of one call per suffix.
+    """
+    order = sorted(range(len(lengths)), key=lambda j: lengths[j])
+    buckets: list[list[int]] = []
+    cur: list[int] = []
+    cost = 0
+    for j in order:
+        n = lengths[j]
+        # n is the bucket's longest so far (sorted): padded cost = |bucket| · n · (P + n)
+        if cur and (len(cur) + 1) * n * (prefix + n) > _PAD_BUDGET * (cost + n * (prefix + n)):
+            buckets.append(cur)
+            cur, cost = [], 0
+        cur.append(j)
+        cost += n * (prefix + n)
+    if cur:
+        buckets.append(cur)
+    return buckets
 
 
 #: batch a row's suffixes into one SDPA call while padding costs at most this much extra attention
