@@ -298,7 +298,8 @@ class Controller:
             self.metrics.write("val", version, record)
         out = validation_dir(self.cfg.run.dir()) / f"{label.replace(' ', '_')}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"after": label, **record, "per_task": dict(per_task_rewards)}, indent=1))
+        out.write_text(json.dumps({"after": label, **record, "sampled_policy_versions": sorted(sampled),
+                                   "per_task": dict(per_task_rewards)}, indent=1))
         log.info("validation (%s, v%d): mean@1 %.3f [%.3f, %.3f] on %d tasks x %d trials", label, version, m, lo, hi,
                  len(tasks), v.trials)
         return record

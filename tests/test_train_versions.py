@@ -76,7 +76,7 @@ class Stack:
     """The rollout service (on the shared engine), the learner process and a controller config."""
 
     def __init__(self, tmp: Path, smollm2_dir: Path, engine, env_address: str, reward_address: str,
-                 max_staleness: int, steps: int, step_delay_s: float = 0.0):
+                 max_staleness: int, steps: int, step_delay_s: float = 0.0, warm_start: bool = False):
         from driver.config import TrainConfig, weight_updates
         from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
         from learner_service.config import LearnerConfig
@@ -94,9 +94,26 @@ class Stack:
         self.worker = RolloutWorker(rollout_cfg, buffer=self.buffer, engine=engine)
         self.rollout_server, _ = build_server(rollout_cfg, port=0, worker=self.worker, grace_seconds=5.0)
         self.rollout_address = f"127.0.0.1:{self.rollout_server.port}"
+        self.cfg = validate_config({
+            "run": {"name": "versions", "output_dir": str(self.run_dir), "steps": steps, "seed": 0, "step_timeout_s": 600},
+            "task": {"env": "mock", "train_split": "base", "eval_split": "base", "tasks_per_step": 1, "task_ids": TASKS,
+                     "solo_mode": True},
+            "rollout": {"group_size": 2, "temperature": 1.0, "max_new_tokens": 24, "max_turns": 2, "max_context_tokens": 4096,
+                        "max_staleness": max_staleness},
+            "validation": {"every_steps": steps if warm_start else 0, "num_tasks": 2, "trials": 1},
+            "models": {"policy": str(smollm2_dir), "user_simulator": None},
+            "warm_start": {"enabled": warm_start, "epochs": 1, "lr": 1.0e-4, "batch_size": 2},
+        }, TrainConfig)
+        learner_extra = {}
+        if warm_start:  # the driver's demonstrations: golden actions played through the env and reward services
+            from driver.local import demonstrations_path, write_demonstrations_for
+
+            demos = demonstrations_path(self.run_dir)
+            write_demonstrations_for(self.cfg, str(smollm2_dir), {"env": env_address, "reward": reward_address}, [], demos)
+            learner_extra["warm_start"] = {"demonstrations": str(demos), "epochs": 1, "lr": 1.0e-4, "batch_size": 2}
         self.launcher = LocalLauncher(self.run_dir)
         try:
-            learner_cfg = LearnerConfig.model_validate({
+            learner_cfg = LearnerConfig.model_validate({**learner_extra,
                 "run_dir": str(self.run_dir / "learner"), "model": {"path": str(smollm2_dir), "gradient_checkpointing": False},
                 "optim": {"lr": 1.0e-5, "total_steps": steps}, "batch": {"groups_per_step": 1, "micro_batch_size": 2},
                 "buffer": {"url": self.redis_url, "stream": self.buffer.stream, "block_ms": 200},
@@ -114,15 +131,6 @@ class Stack:
         except BaseException:
             self.close()
             raise
-        self.cfg = validate_config({
-            "run": {"name": "versions", "output_dir": str(self.run_dir), "steps": steps, "seed": 0, "step_timeout_s": 600},
-            "task": {"env": "mock", "train_split": "base", "eval_split": "base", "tasks_per_step": 1, "task_ids": TASKS,
-                     "solo_mode": True},
-            "rollout": {"group_size": 2, "temperature": 1.0, "max_new_tokens": 24, "max_turns": 2, "max_context_tokens": 4096,
-                        "max_staleness": max_staleness},
-            "validation": {"every_steps": 0},
-            "models": {"policy": str(smollm2_dir), "user_simulator": None},
-        }, TrainConfig)
         from driver.controller import Addresses
 
         self.addresses = Addresses(env=env_address, reward=reward_address, rollout=self.rollout_address,
@@ -201,32 +209,35 @@ def _versions(traj: common_pb2.Trajectory) -> list[int]:
 
 
 def test_sync_every_turn_of_step_s_is_version_s_minus_1(tmp_path, smollm2_dir, engine_v0, mock_services):
-    steps = 2
+    """With a warm start (published as version 1, so RL step s samples version s: the offset
+    v0 = 1), validated before (version 0), after it (1) and after the last step."""
+    steps, v0 = 2, 1
     t0 = time.monotonic()
-    stack = Stack(tmp_path, smollm2_dir, engine_v0, *mock_services, max_staleness=0, steps=steps)
+    stack = Stack(tmp_path, smollm2_dir, engine_v0, *mock_services, max_staleness=0, steps=steps, warm_start=True)
     try:
-        assert stack.train() == steps
-        assert engine_v0.policy_version == steps  # every version reached the engine
+        assert stack.train() == v0 + steps
+        assert engine_v0.policy_version == v0 + steps  # every version reached the engine
         groups = stack.stream()
         stats = stack.buffer.stats()
     finally:
         stack.close()
     print(f"sync: {time.monotonic() - t0:.0f} s", file=sys.stderr)
 
-    # one group per step, in step order (one Rollout request at a time, tasks_per_step 1)
+    # one group per step, in step order (one Rollout request at a time, tasks_per_step 1): every
+    # turn of step s's trajectories sampled by version v0 + s - 1
     assert len(groups) == steps
     for s, g in enumerate(groups, start=1):
         assert len(g.trajectories) == 2
         for t in g.trajectories:
-            assert t.turns and _versions(t) == [s - 1] * len(t.turns), (s, _versions(t))
-            assert t.policy_version == s - 1
+            assert t.turns and _versions(t) == [v0 + s - 1] * len(t.turns), (s, _versions(t))
+            assert t.policy_version == v0 + s - 1
     traj = stack.records(stack.run_dir / "metrics.jsonl", "trajectory")
     assert sorted((r["step"], r["policy_version"], r["policy_version_last"]) for r in traj) == \
-        [(s, s - 1, s - 1) for s in range(1, steps + 1) for _ in range(2)]
+        [(s, v0 + s - 1, v0 + s - 1) for s in range(1, steps + 1) for _ in range(2)]
 
     # the learner's staleness metric is exactly 0 at every step, nothing dropped
     learner = stack.records(stack.run_dir / "learner" / "metrics.jsonl", "train")
-    assert [r["policy_version"] for r in learner] == list(range(1, steps + 1))
+    assert [r["policy_version"] for r in learner] == [v0 + s for s in range(1, steps + 1)]
     for r in learner:
         assert r["staleness_mean"] == 0.0 and r["staleness_max"] == 0.0, r
         assert r["dropped_stale_groups_total"] == 0 and r["max_staleness"] == 0
@@ -235,6 +246,13 @@ def test_sync_every_turn_of_step_s_is_version_s_minus_1(tmp_path, smollm2_dir, e
     assert all(r["staleness_max"] == 0.0 and 0.0 <= r["engine_idle_fraction"] <= 1.0 for r in train)
     # every group trained once: nothing pending, the trained set is the stream
     assert stats.unconsumed == 0 and stats.trained == stats.stream_length == steps
+
+    # each validation sampled by exactly the version it names
+    from driver.controller import read_validations
+
+    vals = read_validations(stack.run_dir)
+    assert [(v["after"], v["policy_version"], v["sampled_policy_versions"]) for v in vals] == \
+        [("base", 0, [0]), ("warm_start", v0, [v0]), (f"step {steps}", v0 + steps, [v0 + steps])]
 
 
 def test_async_k1_never_trains_a_group_older_than_k(tmp_path, smollm2_dir, engine_v0, mock_services):
