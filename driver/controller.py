@@ -262,6 +262,7 @@ class Controller:
                         time.monotonic() > deadline:
                     raise
                 self.alive_check()
+                time.sleep(0.5)
 
     def engine_usage(self) -> tuple[float, float]:
         """(busy, uptime) seconds of the rollout engine (its Status metrics)."""
