@@ -114,6 +114,15 @@ class RolloutSettings(StrictModel):
     max_new_tokens: int = Field(128, ge=1)
     max_turns: int = Field(4, ge=1)
     max_context_tokens: int = Field(8192, ge=64)
+    max_staleness: int = Field(0, ge=0)
+    """k: how many policy versions the training data may lag behind the learner (docs/async.md).
+    0: synchronous and exactly on-policy (the paper's setting): the rollouts of RL step s start
+    once the rollout engine serves the durable version of step s − 1, no weight update lands
+    inside them, and the learner trains only groups of its current version. k >= 1: asynchronous:
+    rollouts of step s start once version (s − 1 − k) is served, so the engine keeps producing
+    while the learner trains; weight updates land between turns (per-turn versions record it)
+    and the learner drops (and counts) any group older than its version − k. Filled into
+    learner.max_staleness and rollout_service.weight_updates."""
 
 
 class ValidationConfig(StrictModel):
@@ -219,6 +228,22 @@ class TrainConfig(StrictModel):
         gps = (self.learner.get("batch") or {}).get("groups_per_step")
         if gps is not None and gps != self.task.tasks_per_step:
             raise ValueError(f"learner.batch.groups_per_step ({gps}) must equal task.tasks_per_step ({self.task.tasks_per_step})")
+        k = self.learner.get("max_staleness")
+        if k is not None and k != self.rollout.max_staleness:
+            raise ValueError(f"learner.max_staleness ({k}) must equal rollout.max_staleness ({self.rollout.max_staleness}): "
+                             "set it in the rollout section")
+        wu = self.rollout_service.get("weight_updates")
+        if wu is not None and wu != weight_updates(self.rollout.max_staleness):
+            raise ValueError(f"rollout_service.weight_updates ({wu!r}) must be {weight_updates(self.rollout.max_staleness)!r} "
+                             f"with rollout.max_staleness {self.rollout.max_staleness}: set rollout.max_staleness instead")
+        if self.rollout.max_staleness and (self.learner.get("grpo") or {}).get("old_logprobs") == "recompute":
+            raise ValueError("learner.grpo.old_logprobs 'recompute' takes π_old from the learner's current weights, which "
+                             "ignores that asynchronous rollouts (rollout.max_staleness >= 1) were sampled by an older "
+                             "policy: use 'engine' (the sampling log-probs the trajectories carry, docs/async.md)")
+        pe = self.learner.get("publish_every")
+        if pe is not None and pe != 1:
+            raise ValueError(f"learner.publish_every ({pe}) must be 1: the controller waits for every policy version to "
+                             "be served by the rollout engine")
         if self.task.generate is not None and self.task.generate.domain != self.task.env:
             raise ValueError(f"task.generate.domain ({self.task.generate.domain}) must equal task.env ({self.task.env})")
         if self.services.external() and self.warm_start.enabled:
@@ -254,6 +279,12 @@ class TrainConfig(StrictModel):
         """The local launch needs τ²-Bench's reward service: task.env is scored by it, or the warm
         start builds its demonstrations with it."""
         return self.warm_start.enabled or (self.task.reward == "service" and not self.task.reward_address)
+
+
+def weight_updates(max_staleness: int) -> str:
+    """The rollout service's `weight_updates` for rollout.max_staleness: between_requests when
+    synchronous (0), between_turns when asynchronous."""
+    return "between_requests" if max_staleness == 0 else "between_turns"
 
 
 def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str], redis_url: str, user_base_url: str | None,
@@ -303,6 +334,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
             "reward_address": addresses.get("reward") or None,
             "envs": {t.env: {"reward": t.reward, "reward_address": t.reward_address, "text_ends_episode": t.text_ends_episode}},
             "redis_url": redis_url,
+            "weight_updates": weight_updates(cfg.rollout.max_staleness),
         },
         cfg.rollout_service,
     )
@@ -315,6 +347,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
             "buffer": {"url": redis_url},
             "optim": {"total_steps": cfg.run.steps},
             "rollout_address": addresses["rollout"],
+            "max_staleness": cfg.rollout.max_staleness,
         },
         cfg.learner,
     )

@@ -3,16 +3,36 @@
 Before RL, with a warm start (`warm_start.enabled`): validate the base model (policy
 version 0) while the learner trains on the demonstrations, wait until the rollout engine
 serves the warm-start policy (version 1), validate it. Then one RL step of the loop
-(on-policy, synchronous, as in the paper's VERL-style dataflow):
+(rollout.max_staleness 0: on-policy, synchronous, as in the paper's VERL-style dataflow):
 
-    wait until the rollout engine serves version v            # never sample with stale weights
+    wait until version v is done                              # never sample with stale weights
     tasks  = the next `tasks_per_step` tasks of the train split (seeded shuffle,
              optionally stratified by task purpose: task.order; cycled)
     groups = RolloutService.Rollout(tasks, G, publish=True)   # scored groups → Redis stream
-    wait until LearnerService.Status().policy_version > v     # the learner consumed them,
-                                                              # took a GRPO step, wrote
-                                                              # policy/v{v+1}, called UpdateWeights
+    wait until version v + 1 is done                          # the learner consumed them,
+                                                              # took a GRPO step, checkpointed,
+                                                              # wrote policy/v{v+1}, UpdateWeights
     every N steps: Rollout(eval tasks, trials, publish=False) → mean@1 ± CI, pass^k
+
+A version is *done* when the learner's PolicyVersion names it (published only after its
+checkpoint is durable) and the rollout engine's Status serves it (`wait_for_version`). The
+rollout service pins every request to one version in synchronous mode (its weight_updates:
+between_requests), so every turn of every trajectory of step s is sampled by version
+v0 + s − 1, and the learner (max_staleness 0) trains nothing older than its own version.
+
+Asynchronous mode (rollout.max_staleness k ≥ 1, docs/async.md): a producer thread issues the
+Rollout requests, one at a time, and starts step s's as soon as step s − 1 − k is finished
+(its version done and its validation, if any, written) — up to k + 1 steps of rollouts ahead
+of the learner, k versions of lag at most — while the main thread waits for each version in
+turn and writes its record. Weight updates land between turns (per-turn versions record
+it); the learner drops any group older than its version − k. Validation requests are pinned to
+one version in both modes; the version they report is the one that sampled them.
+
+Each train record holds the learner's metrics for that version (staleness_mean / _max,
+dropped_stale_groups, learner_idle_fraction, ...) and the controller's: rollout_s,
+rollout_wait_s (how long the step's rollouts waited for their gate), step_s (since the
+previous version was done), wall_s (since the loop started) and engine_idle_fraction (the
+share of the step's wall time with no generation in flight on the rollout engine).
 
 Validation reports the env's reward as routed for training (task.reward: τ²-Bench's own
 checker for τ²-Bench domains), never a shaped one: mean@1 = the mean over
@@ -36,7 +56,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import random
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -85,6 +107,7 @@ class Controller:
         self.rollout = rollout_pb2_grpc.RolloutServiceStub(self._channels["rollout"])
         self.learner = learner_pb2_grpc.LearnerServiceStub(self._channels["learner"])
         self.metrics = MetricsWriter(cfg.run.dir())
+        self._metrics_lock = threading.Lock()  # the producer thread writes trajectory records
         self.groups_published = 0
         #: policy version RL starts from: 1 after a warm start (its published policy), else 0
         self.v0 = 1 if cfg.warm_start.enabled else 0
@@ -199,28 +222,52 @@ class Controller:
             raise RuntimeError(f"{desc}: asked for {len(task_ids)} groups, got {len(groups)}")
         return groups
 
+    def published_version(self) -> int:
+        """The learner's latest published (durable) policy version; -1 while it has none or does not answer."""
+        try:
+            return self.learner.PolicyVersion(learner_pb2.PolicyVersionRequest(), timeout=30).policy_version
+        except grpc.RpcError as err:
+            # UNAVAILABLE: nothing published yet (warm start) or restarting; a busy learner may answer late;
+            # a dead one is caught by alive_check
+            if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                raise
+            return -1
+
     def wait_for_version(self, version: int) -> learner_pb2.StatusResponse:
+        """Blocks until policy `version` is done: durable (the learner's PolicyVersion names it,
+        which it does only after the version's checkpoint and folder are written) and served by
+        the rollout engine. Returns the learner's Status then.
+
+        Raises:
+            TimeoutError: not done within run.step_timeout_s (the message says where it is).
+        """
         deadline = time.monotonic() + self.cfg.run.step_timeout_s
-        status = None
-        while True:
+        while (published := self.published_version()) < version:
             self.alive_check()
-            try:
-                status = self.learner_status()
-            except grpc.RpcError as err:
-                # a learner busy in a step may answer late; a dead one is caught by alive_check
-                if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
-                    raise
-                log.warning("learner Status: %s; still waiting for policy version %d", err.code().name, version)
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"learner did not answer or reach policy version {version} within "
-                                       f"{self.cfg.run.step_timeout_s:.0f}s") from None
-                continue
-            if status.policy_version >= version:
-                return status
             if time.monotonic() > deadline:
-                raise TimeoutError(f"learner did not reach policy version {version} within {self.cfg.run.step_timeout_s:.0f}s "
-                                   f"(at v{status.policy_version}, {status.groups_trained} groups trained)")
+                try:
+                    st = self.learner_status()
+                    where = f"at v{st.policy_version}, {st.groups_trained} groups trained, v{published} published"
+                except grpc.RpcError as err:
+                    where = f"Status: {err.code().name}"
+                raise TimeoutError(f"learner did not publish policy version {version} within "
+                                   f"{self.cfg.run.step_timeout_s:.0f}s ({where})")
             time.sleep(0.5)
+        self.wait_for_engine(version)
+        while True:
+            try:
+                return self.learner_status()
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) or \
+                        time.monotonic() > deadline:
+                    raise
+                self.alive_check()
+                time.sleep(0.5)
+
+    def engine_usage(self) -> tuple[float, float]:
+        """(busy, uptime) seconds of the rollout engine (its Status metrics)."""
+        m = self.rollout.Status(rollout_pb2.StatusRequest(), timeout=30).metrics
+        return m.get("engine_busy_seconds", 0.0), m.get("engine_uptime_seconds", 0.0)
 
     # -- the loop ------------------------------------------------------------------------
     def validate(self, label: str, version: int) -> dict[str, float]:
@@ -230,6 +277,12 @@ class Controller:
         v = self.cfg.validation
         tasks = self.eval_tasks()
         groups = self.run_rollouts(tasks, v.trials, v.temperature, publish=False, desc=f"validation ({label}, v{version})")
+        sampled = {turn.policy_version for g in groups for t in g.trajectories for turn in t.turns}
+        if sampled and sampled != {version}:  # a request is pinned to one version: a later one was served
+            actual = max(sampled)
+            log.warning("validation %r asked for policy version %d, sampled by %s", label, version, sorted(sampled))
+            if len(sampled) == 1 and label.startswith("step ") and actual > self.v0:
+                label, version = f"step {actual - self.v0}", actual
         per_task_rewards: dict[str, list[float]] = defaultdict(list)
         per_task = defaultdict(list)
         for g in groups:
@@ -242,10 +295,12 @@ class Controller:
                   "policy_version": version}
         for k in range(1, v.trials + 1):
             record[f"pass_hat_{k}"] = pass_hat_k(per_task, k)
-        self.metrics.write("val", version, record)
+        with self._metrics_lock:
+            self.metrics.write("val", version, record)
         out = validation_dir(self.cfg.run.dir()) / f"{label.replace(' ', '_')}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"after": label, **record, "per_task": dict(per_task_rewards)}, indent=1))
+        out.write_text(json.dumps({"after": label, **record, "sampled_policy_versions": sorted(sampled),
+                                   "per_task": dict(per_task_rewards)}, indent=1))
         log.info("validation (%s, v%d): mean@1 %.3f [%.3f, %.3f] on %d tasks x %d trials", label, version, m, lo, hi,
                  len(tasks), v.trials)
         return record
@@ -279,44 +334,115 @@ class Controller:
         elif val_every and version == 0:
             self.validate("base", 0)
         start = version - self.v0
-        with tqdm(total=cfg.run.steps, initial=start, desc="train", unit="step") as bar:
-            for step in range(start, cfg.run.steps):
-                t0 = time.time()
-                self.wait_for_engine(self.v0 + step)  # on-policy: sample with the newest weights only
-                tasks = self.step_tasks(step, pool)
-                # a fresh sampling seed per step; validations all use run.seed (common random numbers
-                # across policy versions: the paired differences compare like with like)
-                groups = self.run_rollouts(tasks, cfg.rollout.group_size, cfg.rollout.temperature, publish=True,
-                                           desc=f"rollouts v{self.v0 + step}", seed=cfg.run.seed * 100_003 + step + 1)
-                self.groups_published += len(groups)
-                trajs = [t for g in groups for t in g.trajectories]
-                failed = [t for t in trajs if t.termination_reason == common_pb2.TERMINATION_REASON_INFRASTRUCTURE_ERROR]
-                if failed:
-                    log.warning("%d of %d rollouts failed for infrastructure reasons (engine, env or reward service)",
-                                len(failed), len(trajs))
-                if len(failed) == len(trajs):
-                    raise RuntimeError(f"every rollout of step {step + 1} failed for infrastructure reasons "
-                                       f"(see {self.cfg.run.dir() / 'logs'}/rollout.log); stopping")
-                rewards = [t.reward for t in trajs]
-                for g in groups:
-                    for t in g.trajectories:
-                        self.metrics.write("trajectory", step + 1, {"reward": t.reward, "tokens": len(t.token_ids),
-                                                                    "turns": len(t.turns), "policy_version": t.policy_version})
-                t_roll = time.time() - t0
-                status = self.wait_for_version(self.v0 + step + 1)
-                m, _, _ = mean_ci(rewards)
-                std = (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5
-                record = {"reward_mean": m, "reward_std": std, "groups": len(groups), "rollout_s": t_roll,
-                          "infrastructure_errors": len(failed),
-                          "step_s": time.time() - t0, "groups_trained": status.groups_trained}
-                record.update({k: v for k, v in status.metrics.items() if k not in record})
-                self.metrics.write("train", step + 1, record)
-                bar.set_postfix(reward=f"{m:.3f}", loss=f"{status.metrics.get('loss', float('nan')):.4g}")
-                bar.update(1)
-                if val_every and ((step + 1) % val_every == 0 or step + 1 == cfg.run.steps):
-                    self.wait_for_engine(self.v0 + step + 1)
-                    self.validate(f"step {step + 1}", self.v0 + step + 1)
+        if start < cfg.run.steps:
+            self._train_loop(start, pool)
         return self.learner_status().policy_version
+
+    def _train_loop(self, start: int, pool: list[str]) -> None:
+        """RL steps `start`..run.steps-1 (0-based): a producer thread rolls out, this thread
+        waits for each version, writes its record and validates (module docstring)."""
+        cfg = self.cfg
+        k = cfg.rollout.max_staleness
+        val_every = cfg.validation.every_steps
+        done = threading.Condition()
+        finished = [start]  # steps < finished[0] are done (version published + served, validated)
+        stop = threading.Event()
+        produced: queue.Queue = queue.Queue()
+
+        def produce() -> None:
+            try:
+                for step in range(start, cfg.run.steps):
+                    t_gate = time.time()
+                    with done:  # at most k + 1 steps of rollouts ahead of the finished ones
+                        while finished[0] < step - k and not stop.is_set():
+                            done.wait(0.5)
+                    if stop.is_set():
+                        return
+                    version = self.v0 + max(step - k, start)
+                    self.wait_for_version(version)  # never sample with weights older than that
+                    t0 = time.time()
+                    # a fresh sampling seed per step; validations all use run.seed (common random numbers
+                    # across policy versions: the paired differences compare like with like)
+                    groups = self.run_rollouts(self.step_tasks(step, pool), cfg.rollout.group_size, cfg.rollout.temperature,
+                                               publish=True, desc=f"rollouts step {step + 1} (>= v{version})",
+                                               seed=cfg.run.seed * 100_003 + step + 1)
+                    if stop.is_set():
+                        return
+                    self.groups_published += len(groups)
+                    with self._metrics_lock:
+                        for g in groups:
+                            for t in g.trajectories:
+                                self.metrics.write("trajectory", step + 1, {
+                                    "reward": t.reward, "tokens": len(t.token_ids), "turns": len(t.turns),
+                                    "policy_version": t.policy_version,
+                                    "policy_version_last": max((x.policy_version for x in t.turns), default=t.policy_version)})
+                    produced.put((step, groups, time.time() - t0, t0 - t_gate))
+            except BaseException as err:  # noqa: BLE001 - handed to the main thread
+                produced.put(err)
+
+        producer = threading.Thread(target=produce, name="rollout-producer", daemon=True)
+        t_loop = t_prev = time.time()
+        busy_prev, up_prev = self.engine_usage()
+        producer.start()
+        try:
+            with tqdm(total=cfg.run.steps, initial=start, desc="train", unit="step") as bar:
+                for step in range(start, cfg.run.steps):
+                    item = self._next_produced(produced, producer)
+                    got, groups, t_roll, t_wait = item
+                    assert got == step, (got, step)
+                    trajs = [t for g in groups for t in g.trajectories]
+                    failed = [t for t in trajs if t.termination_reason == common_pb2.TERMINATION_REASON_INFRASTRUCTURE_ERROR]
+                    if failed:
+                        log.warning("%d of %d rollouts failed for infrastructure reasons (engine, env or reward service)",
+                                    len(failed), len(trajs))
+                    if len(failed) == len(trajs):
+                        raise RuntimeError(f"every rollout of step {step + 1} failed for infrastructure reasons "
+                                           f"(see {self.cfg.run.dir() / 'logs'}/rollout.log); stopping")
+                    status = self.wait_for_version(self.v0 + step + 1)
+                    now = time.time()
+                    busy, up = self.engine_usage()
+                    rewards = [t.reward for t in trajs]
+                    m, _, _ = mean_ci(rewards)
+                    std = (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5
+                    record = {"reward_mean": m, "reward_std": std, "groups": len(groups), "rollout_s": t_roll,
+                              "rollout_wait_s": t_wait, "infrastructure_errors": len(failed),
+                              "step_s": now - t_prev, "wall_s": now - t_loop, "groups_trained": status.groups_trained,
+                              "max_staleness": k,
+                              "engine_idle_fraction": 1.0 - (busy - busy_prev) / (up - up_prev) if up > up_prev else 0.0}
+                    t_prev, busy_prev, up_prev = now, busy, up
+                    learner_metrics = dict(status.metrics)
+                    if learner_metrics.get("policy_version") == self.v0 + step + 1:
+                        record.update({key: v for key, v in learner_metrics.items() if key not in record})
+                    else:  # async: the learner took its next step before this Status: its record is in learner/
+                        log.info("learner metrics of v%d not in Status (it is at v%s)", self.v0 + step + 1,
+                                 learner_metrics.get("policy_version"))
+                    with self._metrics_lock:
+                        self.metrics.write("train", step + 1, record)
+                    bar.set_postfix(reward=f"{m:.3f}", loss=f"{status.metrics.get('loss', float('nan')):.4g}")
+                    bar.update(1)
+                    if val_every and ((step + 1) % val_every == 0 or step + 1 == cfg.run.steps):
+                        self.validate(f"step {step + 1}", self.v0 + step + 1)
+                    with done:
+                        finished[0] = step + 1
+                        done.notify_all()
+        finally:
+            stop.set()
+            with done:
+                done.notify_all()
+
+    def _next_produced(self, produced: queue.Queue, producer: threading.Thread):
+        """The producer's next step (waiting for it), or its exception raised here."""
+        while True:
+            self.alive_check()
+            try:
+                item = produced.get(timeout=1.0)
+            except queue.Empty:
+                if not producer.is_alive() and produced.empty():
+                    raise RuntimeError("the rollout producer stopped") from None
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return item
 
 
 def validation_dir(run_dir: str | Path) -> Path:

@@ -181,7 +181,8 @@ class LearnerConfig(StrictModel):
     warm_start: WarmStartConfig = WarmStartConfig()
     checkpoint_every: int = Field(1, ge=1)
     """Steps between checkpoints. Groups are acknowledged only after the checkpoint that
-    records them, so a larger value leaves more groups pending in the stream."""
+    records them, so a larger value leaves more groups pending in the stream. A version is
+    published only once it is checkpointed, so every publish (publish_every) checkpoints too."""
     keep_checkpoints: int = Field(2, ge=1)
     publish_every: int = Field(1, ge=1)
     """Steps between published policy versions (<run_dir>/policy/v{N} + UpdateWeights)."""
@@ -189,6 +190,14 @@ class LearnerConfig(StrictModel):
     rollout_address: str | None = None
     """host:port of the RolloutService to call UpdateWeights on; None: only write the folder."""
     tensorboard: bool = True
+    max_staleness: int | None = Field(None, ge=0)
+    """Off-policy bound k: a group is trained only if (the learner's policy version when it trains)
+    − (the oldest policy version of any of its turns) ≤ k; older groups are dropped, acknowledged
+    untrained and counted (metrics dropped_stale_groups, dropped_stale_groups_total). 0: on-policy
+    only. None: no bound. The experiment sets it to rollout.max_staleness (docs/async.md)."""
+    step_delay_s: float = Field(0.0, ge=0)
+    """Testing and benchmarks only: sleep this long before every learner step (a learner slowed
+    on purpose; counted as busy, not idle). 0: off."""
 
 
 def load_learner_config(path: str | Path) -> LearnerConfig:

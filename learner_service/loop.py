@@ -11,6 +11,22 @@ Exactly-once data (with `sinkflex.buffer.TrajectoryBuffer`'s at-least-once deliv
   plus the learner's own trained-id set);
 - on resume, the policy version of the checkpoint is published again if its folder is
   missing (a crash between checkpoint and publish).
+
+A policy version is published (<run_dir>/policy/v<N>, then UpdateWeights) only after the
+checkpoint that holds it is durable, so `PolicyVersion` never names a version a crash could
+take back; the driver treats a version as done once PolicyVersion names it and the rollout
+engine serves it.
+
+Bounded staleness (`max_staleness` k, not None): a group read from the buffer whose oldest
+turn was sampled by a policy version older than (current version − k) is dropped: acknowledged
+untrained (it is neither lost — the stream records it consumed — nor ever trained) and
+counted (`LearnerState.groups_dropped_stale`, metrics dropped_stale_groups per step and
+dropped_stale_groups_total). The version only changes when a step is trained, so the check
+at read time is the check at training time.
+
+Idle time: each step's metrics hold learner_idle_s (waiting for groups before it) and, from
+the second step on, learner_idle_fraction: the share of the learner's wall time since the
+first step started spent waiting for groups (the rest: training, checkpoints, publishing).
 """
 
 from __future__ import annotations
@@ -20,6 +36,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from concurrent.futures import Future
 
 import torch.distributed as dist
@@ -31,6 +48,14 @@ from learner_service.trainer import Learner
 from sinkflex.api.common.v1 import common_pb2
 
 log = logging.getLogger(__name__)
+
+
+def group_policy_version(group: common_pb2.TrajectoryGroup) -> int:
+    """The oldest policy version that sampled any turn of `group` (its trajectories'
+    policy_version, and every turn's; 0 for a group without trajectories)."""
+    versions = [t.policy_version for t in group.trajectories]
+    versions += [turn.policy_version for t in group.trajectories for turn in t.turns]
+    return min(versions, default=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +87,7 @@ class LearnerRunner:
         self._ckpt_waiters: list[Future] = []
         self.last_checkpoint: str = ""
         self.invalid_groups = 0
+        self._dropped_since_step = 0  # stale groups dropped since the last step (rank 0)
 
     # ------------------------------------------------------------------ requests (any thread)
     def request_stop(self) -> None:
@@ -78,8 +104,8 @@ class LearnerRunner:
     def _next_tick(self, collected: list) -> Tick:
         """Rank 0: read from the buffer, decide this tick's command."""
         cfg = self.learner.cfg
-        if self._stop.is_set():
-            return Tick(stop=True)
+        if self._stop.is_set():  # groups dropped since the last step are counted in a last checkpoint
+            return Tick(stop=True, checkpoint=self._dropped_since_step > 0)
         want = cfg.batch.groups_per_step - len(collected)
         if want > 0:
             for entry in self.buffer.read(cfg.buffer.consumer, count=want, block_ms=cfg.buffer.block_ms):
@@ -90,12 +116,30 @@ class LearnerRunner:
                     log.error("dropping invalid group %s (entry %s): %s", entry.group.group_id, entry.entry_id, err)
                     self.buffer.ack([entry], trained=False)
                     continue
+                if self._too_stale(entry):
+                    continue
                 collected.append(entry)
         with self._lock:
             ckpt = bool(self._ckpt_waiters)
         if len(collected) >= cfg.batch.groups_per_step:
             return Tick(groups=tuple(e.group for e in collected), checkpoint=ckpt)
         return Tick(checkpoint=ckpt)
+
+    def _too_stale(self, entry) -> bool:
+        """Rank 0: drops (acknowledges untrained, counts) a group older than max_staleness allows."""
+        k = self.learner.cfg.max_staleness
+        if k is None:
+            return False
+        version = self.learner.state.policy_version
+        oldest = group_policy_version(entry.group)
+        if version - oldest <= k:
+            return False
+        self.buffer.ack([entry], trained=False)
+        self.learner.state.groups_dropped_stale += 1
+        self._dropped_since_step += 1
+        log.warning("dropping group %s (entry %s): sampled by policy version %d, the learner is at %d "
+                    "(max_staleness %d)", entry.group.group_id, entry.entry_id, oldest, version, k)
+        return True
 
     def _broadcast(self, tick: Tick | None) -> Tick:
         if self.learner.world == 1:
@@ -171,6 +215,9 @@ class LearnerRunner:
         collected: list = []  # rank 0: entries read, not yet trained
         pending: list = []  # rank 0: entries trained, not yet acknowledged
         dirty = False  # trained since the last checkpoint
+        loop_start = time.monotonic()
+        last_end: float | None = None  # when the last step's checkpoint/publish ended
+        idle_total = busy_total = 0.0  # since the first step started
         while max_steps is None or learner.state.step < max_steps:
             tick = self._broadcast(self._next_tick(collected) if learner.rank == 0 else None)
             if tick.stop:
@@ -178,18 +225,35 @@ class LearnerRunner:
                     self._checkpoint_and_ack(pending)
                     dirty = False
                 break
+            t_step = time.monotonic()
             if tick.groups:
-                metrics = learner.train_step(tick.groups)
+                idle = t_step - (loop_start if last_end is None else last_end)
+                extra = {"learner_idle_s": idle, "dropped_stale_groups": float(self._dropped_since_step),
+                         "dropped_stale_groups_total": float(learner.state.groups_dropped_stale),
+                         "max_staleness": float(-1 if cfg.max_staleness is None else cfg.max_staleness)}
+                if last_end is not None:
+                    idle_total += idle
+                    extra["learner_idle_fraction"] = idle_total / max(idle_total + busy_total, 1e-9)
+                self._dropped_since_step = 0
+                if cfg.step_delay_s:
+                    time.sleep(cfg.step_delay_s)  # a learner slowed on purpose (tests, benchmarks)
+                metrics = learner.train_step(tick.groups, extra)
                 if self.on_step is not None and learner.rank == 0:
                     self.on_step(metrics)
                 pending.extend(collected)
                 collected.clear()
                 dirty = True
-            if tick.checkpoint or (dirty and tick.groups and learner.state.step % cfg.checkpoint_every == 0):
+            # a version is published only once its checkpoint is durable
+            publish = bool(tick.groups) and learner.state.step % cfg.publish_every == 0 and \
+                learner.state.published_version != learner.state.policy_version
+            if tick.checkpoint or (dirty and tick.groups and (learner.state.step % cfg.checkpoint_every == 0 or publish)):
                 self._checkpoint_and_ack(pending)
                 dirty = False
-            if tick.groups and learner.state.step % cfg.publish_every == 0 and learner.state.published_version != learner.state.policy_version:
+            if publish:
                 publish_policy(learner)
+            if tick.groups:
+                last_end = time.monotonic()
+                busy_total += last_end - t_step
         if dirty:
             self._checkpoint_and_ack(pending)
         with self._lock:

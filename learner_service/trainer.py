@@ -76,6 +76,7 @@ class LearnerState:
     published_version: int = -1
     published_location: str = ""
     warm_start_version: int = 0  # policy version the warm start published (0: no warm start)
+    groups_dropped_stale: int = 0  # groups read and not trained: older than max_staleness allows
 
 
 @dataclasses.dataclass
@@ -366,8 +367,10 @@ class Learner:
             log.info("%d zero-variance group(s) %s", zero_var, "filtered" if self.cfg.grpo.filter_zero_variance else "kept")
         return rollouts, infos, counts
 
-    def train_step(self, groups: Sequence[common_pb2.TrajectoryGroup]) -> dict[str, float]:
-        """One learner step on `groups` (every rank must pass the same groups).
+    def train_step(self, groups: Sequence[common_pb2.TrajectoryGroup],
+                   extra_metrics: dict[str, float] | None = None) -> dict[str, float]:
+        """One learner step on `groups` (every rank must pass the same groups); `extra_metrics`
+        (the loop's: idle time, dropped groups) are written with the step's own.
 
         Returns:
             the step's metrics (see module docstring of learner_service.metrics names); with
@@ -386,7 +389,7 @@ class Learner:
         if not rollouts:
             self.record_trained([i.group_id for i in infos])
             self.state.groups_trained += len(infos)
-            return self._finish({**counts, "skipped": 1.0}, t0)
+            return self._finish({**counts, "skipped": 1.0, **(extra_metrics or {})}, t0)
 
         mismatch = torch.zeros(3, dtype=torch.float64)  # Σ|Δ|, max |Δ|, tokens (engine vs learner, loss mask)
         if g.old_logprobs == "recompute":
@@ -466,6 +469,7 @@ class Learner:
             "logprob_mismatch_mean": mismatch[0].item() / max(mismatch[2].item(), 1.0),
             "logprob_mismatch_max": mismatch_max,
             "nonfinite_grad_steps": float(self.skipped_nonfinite),
+            **(extra_metrics or {}),
         }
         return self._finish(metrics, t0)
 

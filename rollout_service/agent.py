@@ -25,7 +25,11 @@ Infrastructure failures end the episode with TERMINATION_REASON_INFRASTRUCTURE_E
 keep what was sampled (never lost). A reward service that answers NOT_FOUND for an item (it
 does not know the env or task) fails the group with FAILED_PRECONDITION naming both: a
 misconfiguration, not a reward of 0. Per-turn metrics: generated tokens, seconds,
-truncation, parse failures.
+truncation, parse failures, and the policy version that generated the turn
+(`TurnInfo.policy_version`); `Trajectory.policy_version` is the oldest of them (the engine's
+version at the start when no turn was generated) and the metric `policy_versions` counts the
+distinct ones (2 when a weight update landed between two turns, which only the rollout
+service's `weight_updates: between_turns` allows).
 """
 
 from __future__ import annotations
@@ -192,7 +196,6 @@ class AgentLoop:
                 m["generated_tokens"] += len(gen.token_ids)
                 m["engine_seconds"] += gen.seconds
                 m["truncated_turns"] += gen.truncated
-                traj.policy_version = min(traj.policy_version, gen.policy_version)
                 t0 = time.perf_counter()
                 parsed = fmt.parse(gen.token_ids)
                 m["format_seconds"] += time.perf_counter() - t0
@@ -240,6 +243,10 @@ class AgentLoop:
         traj.token_ids.extend(tokens.ids)
         traj.logprobs.extend(tokens.logprobs)
         traj.loss_mask.extend(tokens.mask)
+        if traj.turns:  # the oldest version of any sampled token (versions only grow)
+            versions = [t.policy_version for t in traj.turns]
+            traj.policy_version = min(versions)
+            traj.metrics["policy_versions"] = float(len(set(versions)))  # > 1: a weight update landed between turns
         traj.termination_reason = reason
         traj.reward = env_return  # the env's reward; a reward service, when the env is routed to one, replaces it
         m["env_reward"] = env_return

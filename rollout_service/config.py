@@ -121,6 +121,16 @@ class RolloutConfig(StrictModel):
     redis_url: Optional[str] = None
     """Trajectory buffer; None: REDIS_URL, else the embedded Redis."""
 
+    weight_updates: Literal["between_requests", "between_turns"] = "between_requests"
+    """Where an UpdateWeights may land in a Rollout request with publish=true (training data).
+    between_requests: never inside one — the update waits until every running request has
+    finished, and a request that arrives meanwhile waits for the update — so every turn of every
+    episode of a request is sampled by ONE policy version (synchronous, on-policy training:
+    the experiment's rollout.max_staleness 0). between_turns: the update lands between two
+    generations (asynchronous training, rollout.max_staleness >= 1); an episode may then span two
+    versions and its TurnInfo.policy_version says which turn had which. Requests with
+    publish=false (validation) are always pinned to one version."""
+
     user_sim_port: Optional[int] = Field(None, ge=0, le=65535)
     """Serve the OpenAI-compatible user-simulator endpoint on this port, backed by the
     policy engine (None: do not serve; 0: any free port)."""

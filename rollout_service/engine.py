@@ -12,16 +12,24 @@ sampled token under the distribution it was sampled from (after temperature, top
 — log pi_old of the GRPO ratio. A reply cut at `max_tokens` keeps exactly its tokens
 (finish_reason "length"); nothing is appended.
 
-Weight updates (`update_weights`): new generations wait, in-flight ones drain, then every
-worker reloads the safetensors folder in place (`collective_rpc("reload_weights",
-weights_path=...)`, vLLM's `model_loader.reload.inplace`) and the prefix cache is reset;
-no restart. Every `Generation` carries the policy version that produced all its tokens.
+Weight updates (`update_weights`): first every pinned span (`pinned()`: a Rollout request
+that must not see two policy versions) ends, while new pins wait; then new generations
+wait, in-flight ones drain, and every worker reloads the safetensors folder in place
+(`collective_rpc("reload_weights", weights_path=...)`, vLLM's `model_loader.reload.inplace`)
+and the prefix cache is reset; no restart. So an update lands between two generations (two
+turns of an episode) unless a pin holds it until the pinned request is over. Every
+`Generation` carries the policy version that produced all its tokens.
+
+Utilisation: `busy_seconds()` is the wall time with at least one generation in flight since
+the engine started (`uptime_seconds()`); one minus their ratio over an interval is the
+engine's idle fraction (waiting for env/reward calls, for requests, or for a weight update).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
@@ -136,6 +144,11 @@ class Engine:
         self._idle = asyncio.Condition()
         self._in_flight = 0
         self._updating = False
+        self._pins = 0  # pinned spans in progress (requests that must see one policy version)
+        self._updates_waiting = 0  # updates waiting for the pins to end (new pins wait for them)
+        self._busy_s = 0.0  # wall time with >= 1 generation in flight, up to _busy_since
+        self._busy_since: float | None = None  # when _in_flight went 0 -> 1 (None: idle)
+        self._started = time.monotonic()
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_kwargs))
 
     # -- threads <-> loop -------------------------------------------------------------------
@@ -183,6 +196,8 @@ class Engine:
         )
         async with self._idle:
             await self._idle.wait_for(lambda: not self._updating)
+            if self._in_flight == 0:
+                self._busy_since = time.monotonic()
             self._in_flight += 1
             version = self.policy_version
         t0 = time.perf_counter()
@@ -194,6 +209,9 @@ class Engine:
         finally:
             async with self._idle:
                 self._in_flight -= 1
+                if self._in_flight == 0 and self._busy_since is not None:
+                    self._busy_s += time.monotonic() - self._busy_since
+                    self._busy_since = None
                 self._idle.notify_all()
         comp = final.outputs[0]
         ids = tuple(comp.token_ids)
@@ -207,11 +225,40 @@ class Engine:
         finish = "length" if comp.finish_reason == "length" else "stop"
         return Generation(ids, lps, finish, version, time.perf_counter() - t0)
 
+    # -- utilisation ----------------------------------------------------------------------------
+    def busy_seconds(self) -> float:
+        """Wall seconds since the engine started with at least one generation in flight."""
+        since = self._busy_since
+        return self._busy_s + (time.monotonic() - since if since is not None else 0.0)
+
+    def uptime_seconds(self) -> float:
+        return time.monotonic() - self._started
+
+    # -- pinning --------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def pinned(self):
+        """A span of generations that all see ONE policy version (runs on `self.loop`).
+
+        A weight update waits until every pinned span has ended; a span that starts while an
+        update is waiting or running waits for it (so updates are never starved). The agent
+        loop pins a whole Rollout request when weight updates must not land inside it.
+        """
+        async with self._idle:
+            await self._idle.wait_for(lambda: self._updates_waiting == 0 and not self._updating)
+            self._pins += 1
+        try:
+            yield self.policy_version
+        finally:
+            async with self._idle:
+                self._pins -= 1
+                self._idle.notify_all()
+
     # -- weights ------------------------------------------------------------------------------
     async def update_weights(self, policy_version: int, location: str | Path) -> float:
         """Loads a new policy version from a safetensors folder into the running engine.
 
-        New generations wait; in-flight ones finish under the old version first.
+        Pinned spans (`pinned`) end first (new ones wait); then new generations wait and
+        in-flight ones finish under the old version.
 
         Returns:
             seconds spent reloading.
@@ -224,11 +271,20 @@ class Engine:
             raise invalid_argument(f"weights location {str(location)!r} is not a folder of *.safetensors files")
         if policy_version <= self.policy_version:
             raise failed_precondition(f"policy_version {policy_version} is not greater than the engine's {self.policy_version}")
-        t0 = time.perf_counter()
         async with self._idle:
+            self._updates_waiting += 1
+            try:
+                await self._idle.wait_for(lambda: self._pins == 0 and not self._updating)
+            finally:
+                self._updates_waiting -= 1
+                self._idle.notify_all()
+            if policy_version <= self.policy_version:  # another update landed meanwhile
+                raise failed_precondition(f"policy_version {policy_version} is not greater than the engine's {self.policy_version}")
             self._updating = True
-            await self._idle.wait_for(lambda: self._in_flight == 0)
+        t0 = time.perf_counter()
         try:
+            async with self._idle:
+                await self._idle.wait_for(lambda: self._in_flight == 0)
             await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
             await self.llm.reset_prefix_cache()
             self.policy_version = policy_version

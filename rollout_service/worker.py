@@ -4,11 +4,13 @@ Builds the engine, tokenizer, env / reward clients, trajectory buffer and `Agent
 `RolloutConfig`, and offers the RolloutService operations as plain methods:
 `rollout(request)` (an iterator of TrajectoryGroups, callable from any thread),
 `update_weights(version, location)`, `status()`. The gRPC servicer (server.py) is a thin
-edge over it.
+edge over it. A request is pinned to one policy version (`Engine.pinned`: no weight update
+lands inside it) unless it publishes training data and `weight_updates` is between_turns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -187,11 +189,15 @@ class RolloutWorker:
             self.loop.buffer = self.buffer  # built on first use
         out: queue.Queue = queue.Queue()
 
+        # one policy version for the whole request, unless training data may span an update
+        pin = not (request.publish and self.config.weight_updates == "between_turns")
+
         async def produce():
             try:
-                async for group in self.loop.run_tasks(request.env, list(request.task_ids), request.group_size, sampling,
-                                                       max_turns, max_ctx, request.solo_mode, request.publish):
-                    out.put(group)
+                async with (self.engine.pinned() if pin else contextlib.nullcontext()):
+                    async for group in self.loop.run_tasks(request.env, list(request.task_ids), request.group_size,
+                                                           sampling, max_turns, max_ctx, request.solo_mode, request.publish):
+                        out.put(group)
             except BaseException as err:  # noqa: BLE001 - handed to the consumer thread
                 out.put(err)
             finally:
@@ -220,6 +226,9 @@ class RolloutWorker:
                                           tokens_generated=self.engine.tokens_generated)
         for k, v in self.loop.totals.items():
             resp.metrics[k] = v
+        # utilisation: 1 - d(busy)/d(uptime) over an interval is the engine's idle fraction
+        resp.metrics["engine_busy_seconds"] = self.engine.busy_seconds()
+        resp.metrics["engine_uptime_seconds"] = self.engine.uptime_seconds()
         if self.user_sim is not None:
             resp.metrics["user_sim_requests"] = float(self.user_sim.requests)
         return resp

@@ -23,6 +23,14 @@ def test_shipped_configs_derive_every_service_config(name):
     assert learner.model.path == rollout.engine.model == "/models/policy"
     assert learner.rollout_address == ADDRS["rollout"] and rollout.env_address == ADDRS["env"]
     assert out["env_service"].user_base_url == "http://127.0.0.1:8000/v1"
+    # synchronous by default: on-policy only, no weight update inside a Rollout request
+    assert cfg.rollout.max_staleness == learner.max_staleness == 0 and rollout.weight_updates == "between_requests"
+
+
+def test_max_staleness_reaches_the_learner_and_the_rollout_service():
+    cfg = load_train_config(ROOT / "configs" / "demo.yaml", ["rollout.max_staleness=2"])
+    out = service_configs(cfg, "/models/policy", ADDRS, "redis://127.0.0.1:6379/0", None)
+    assert out["learner"].max_staleness == 2 and out["rollout_service"].weight_updates == "between_turns"
 
 
 def _write(tmp_path, data):
@@ -39,6 +47,11 @@ def _write(tmp_path, data):
         ({"learner": {"grpo": {"temperature": 0.7}}}, "learner.grpo.temperature (0.7) must equal rollout.temperature"),
         ({"learner": {"batch": {"groups_per_step": 9}}}, "must equal task.tasks_per_step"),
         ({"services": {"env_address": "h:1", "reward_address": "h:2"}}, "missing: rollout_address, learner_address"),
+        ({"rollout": {"max_staleness": -1}}, "rollout.max_staleness"),
+        ({"learner": {"max_staleness": 1}}, "learner.max_staleness (1) must equal rollout.max_staleness (0)"),
+        ({"rollout_service": {"weight_updates": "between_turns"}}, "must be 'between_requests' with rollout.max_staleness 0"),
+        ({"learner": {"publish_every": 2}}, "learner.publish_every (2) must be 1"),
+        ({"rollout": {"max_staleness": 1}, "learner": {"grpo": {"old_logprobs": "recompute"}}}, "use 'engine'"),
     ],
 )
 def test_bad_fields_are_named(tmp_path, patch, message):

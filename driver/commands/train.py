@@ -106,6 +106,8 @@ def train(
         "interrupted": interrupted,
         "train_steps": len(train_records),
         "last_loss": train_records[-1].get("loss") if train_records else None,
+        "max_staleness": cfg.rollout.max_staleness,
+        "staleness_max": max((r["staleness_max"] for r in train_records if "staleness_max" in r), default=None),
         "validation": [{k: v.get(k) for k in ("after", "policy_version", "mean_at_1", "ci_low", "ci_high", "tasks", "trials")}
                        for v in validations],
     }
