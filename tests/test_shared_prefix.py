@@ -234,3 +234,30 @@ def test_train_step_reports_sharing_and_falls_back(tmp_path, float64_norms):
                       metrics=False)
     m = learner.train_step(_groups())
     assert m["shared_prefix_rows"] == 0 and m["shared_prefix_fallback_groups"] == 2
+
+
+def test_prefix_shared_across_groups_is_exact(tmp_path, float64_norms):
+    """batch.shared_prefix_across_groups: two groups whose prompts start alike (a domain's system
+    prompt) train as one row with their common prefix; the step equals unshared rows in float64."""
+    groups = _groups()
+    common = list(groups[0].trajectories[0].token_ids[:6])
+    for t in groups[1].trajectories:  # group b's prompt: the same first 6 tokens, its own last 3
+        ids = list(t.token_ids)
+        ids[:6] = common
+        del t.token_ids[:]
+        t.token_ids.extend(ids)
+    over = dict(model=dict(arch=TINY_LLAMA, attn_implementation="sinkflex", seed=0, dtype="float64"),
+                optim=dict(lr=1e3, eps=1e3, max_grad_norm=None))
+    out = []
+    for name, batch in [("unshared", dict(shared_prefix=False)), ("per_group", dict(shared_prefix=True)),
+                        ("across", dict(shared_prefix=True, shared_prefix_across_groups=True))]:
+        learner = Learner(learner_config(tmp_path / name, TINY_LLAMA, batch=dict(
+            shared_prefix_min_tokens=1, micro_batch_size=8, **batch), **over), metrics=False)
+        m = learner.train_step(groups)
+        out.append((m, {k: v.detach().clone() for k, v in learner.model.state_dict().items()}))
+    (m_un, w_un), (m_pg, _), (m_ac, w_ac) = out
+    assert m_pg["shared_prefix_rows"] == 2 and m_pg["shared_prefix_positions"] == 18
+    assert m_ac["shared_prefix_rows"] == 1 and m_ac["shared_prefix_positions"] == 6
+    assert m_ac["positions_computed"] < m_un["positions_computed"] == m_ac["positions_trained"]
+    assert abs(m_ac["loss"] - m_un["loss"]) <= 1e-10
+    assert max((w_un[k] - w_ac[k]).abs().max().item() for k in w_un) <= 1e-9
