@@ -4,7 +4,9 @@ A step, top to bottom (every rank runs it on the same groups; rank r trains its 
 1. convert the groups (batch.py), compute advantages (eq. 3); drop groups already
    trained (by group id) and, if configured, zero-variance groups (logged);
 2. π_θold: the engine's log-probs, or recomputed with the current weights (no grad);
-   π_ref: the frozen initial model when β > 0 (no reference model otherwise);
+   π_ref (when β > 0; no reference model otherwise): the frozen policy RL starts from,
+   i.e. the warm start's weights after a warm start (`Learner.set_reference`), else the
+   initial model;
 3. for each PPO epoch, shuffle and split into mini-batches; for each mini-batch, the
    global token count N is all-reduced, each rank runs its micro-batches (loss sum / N,
    gradients accumulate, FSDP sums them over ranks), clips the global gradient norm and
@@ -14,9 +16,12 @@ A step, top to bottom (every rank runs it on the same groups; rank r trains its 
 Shared prefixes (batch.shared_prefix, default on): the rollouts of one group in a micro-step
 are packed as one row [prefix | suffix_1 | … | suffix_G] (batch.pack_shared) and the prompt
 is computed once; the loss, its normaliser Σ_i T_i and every gradient are those of the
-unshared rows (the prefix's gradient is the sum of its G copies'). Groups whose common
-prefix is shorter than batch.shared_prefix_min_tokens are trained on unshared rows
-(metrics: shared_prefix_rows, shared_prefix_fallback_groups, positions_computed).
+unshared rows (the prefix's gradient is the sum of its G copies'). With
+batch.shared_prefix_across_groups the row holds up to micro_batch_size rollouts of several
+groups with their common prefix (a domain's system prompt and tool schemas), exact in the
+same way. Rollouts whose common prefix is shorter than batch.shared_prefix_min_tokens are
+trained on unshared rows (metrics: shared_prefix_rows, shared_prefix_fallback_groups,
+positions_computed).
 Precision (model.dtype auto): on CUDA bfloat16 weights; on a CPU with fast bfloat16
 (AMX / avx512_bf16) bfloat16 autocast over fp32 weights; fp32 elsewhere (model.resolve_precision).
 Log-softmax, LSE and the GRPO ratio are float32 in every case. logprob_mismatch_mean /
