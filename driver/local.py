@@ -93,9 +93,9 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     paths = {name: _write(run_dir, name, c) for name, c in configs.items()}
     common_env = {"REDIS_URL": redis_url}
     for name, module, section, extra in [
-        ("env", "env_service", "env_service", ["--metrics-port", "-1"]),
+        ("env", "env_service", "env_service", ["--no-metrics"]),
         ("reward", "reward_service", "reward_service", ["--no-metrics"]),
-        ("rollout", "rollout_service", "rollout_service", []),
+        ("rollout", "rollout_service", "rollout_service", ["--no-metrics"]),
     ]:
         if section not in paths:  # a running env server; no reward service needed
             continue
@@ -107,7 +107,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
         write_demonstrations_for(cfg, policy, addresses, task_files, demos)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.local.learner_procs}"]
     learner = (ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner"]),
-                                            "--port", str(ports["learner"]), "--metrics-port", "-1"],
+                                            "--port", str(ports["learner"]), "--no-metrics"],
                                 health=HEALTH["learner"], address=addresses["learner"], env=common_env,
                                 stop_grace_s=cfg.local.learner_stop_grace_s))
     launcher.start_all([learner], ready_timeout=cfg.local.ready_timeout_s)

@@ -14,6 +14,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must no
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from sinkflex.service_cli import add_common_flags
+
     p = argparse.ArgumentParser(prog="python -m env_service", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051)
@@ -31,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, dest="default_max_steps", help="default step budget of an episode")
     p.add_argument("--no-reward", action="store_true", help="do not score episodes with tau2's evaluator on termination")
     p.add_argument("--max-workers", type=int)
-    p.add_argument("--metrics-port", type=int, default=9091, help="Prometheus metrics port (-1: none, 0: any free port)")
+    add_common_flags(p, service="env_service", metrics_default=9091)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -89,8 +91,9 @@ def main(argv=None) -> None:
     except ValueError as err:
         raise SystemExit(f"env_service: cannot start: {err}") from None
     from env_service.server import build_server
+    from sinkflex.service_cli import metrics_port_from
 
-    metrics_port = None if args.metrics_port < 0 else args.metrics_port
+    metrics_port = metrics_port_from(args)
     server, _core = build_server(config, port=args.port, host=args.host, metrics_port=metrics_port)
     server.install_signal_handlers()
     server.wait()

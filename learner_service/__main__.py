@@ -17,12 +17,14 @@ import signal
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from sinkflex.service_cli import add_common_flags
+
     p = argparse.ArgumentParser(prog="python -m learner_service", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="YAML file of LearnerConfig (default: all defaults, needs --model)")
     p.add_argument("--model", help="overrides model.path: a transformers model folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50054, help="LearnerService port (rank 0); 0: any free port")
-    p.add_argument("--metrics-port", type=int, default=9094, help="Prometheus port (rank 0); -1: off")
+    add_common_flags(p, service="learner_service", metrics_default=9094)  # metrics on rank 0
     p.add_argument("--no-server", action="store_true", help="do not serve gRPC (batch jobs, tests)")
     p.add_argument("--run-dir", help="overrides run_dir")
     p.add_argument("--max-steps", type=int, help="stop after this many learner steps in total")
@@ -91,11 +93,11 @@ def main(argv=None) -> int:
     if learner.rank == 0 and not args.no_server:
         from learner_service.server import SERVICE_NAME, LearnerServicer
         from sinkflex.api.learner.v1 import learner_pb2_grpc
+        from sinkflex.service_cli import metrics_port_from
         from sinkflex.serving import ServiceServer
 
         server = ServiceServer(
-            port=args.port, service_names=[SERVICE_NAME], host=args.host,
-            metrics_port=args.metrics_port if args.metrics_port >= 0 else None,
+            port=args.port, service_names=[SERVICE_NAME], host=args.host, metrics_port=metrics_port_from(args),
         )
         learner_pb2_grpc.add_LearnerServiceServicer_to_server(LearnerServicer(runner), server.server)
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+from sinkflex.service_cli import resolve_metrics_port, version_callback
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not try the network
 
 app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
@@ -19,11 +21,12 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 @app.command()
 def main(
-    host: str | None = typer.Option(None, help="address to bind [default: 127.0.0.1]"),
-    port: int | None = typer.Option(None, help="gRPC port, 0 for any [default: 50052]"),
-    metrics_port: int | None = typer.Option(None, help="Prometheus port [default: 9092]"),
+    host: str | None = typer.Option(None, help="address to bind (default: 127.0.0.1)"),
+    port: int | None = typer.Option(None, help="gRPC port, 0 for any (default: 50052)"),
+    metrics_port: int | None = typer.Option(
+        None, metavar="N", help="serve Prometheus metrics on port N, 0: any free port (default: 9092)"),
     no_metrics: bool = typer.Option(False, "--no-metrics", help="do not serve Prometheus metrics"),
-    max_message_bytes: int | None = typer.Option(None, help="gRPC message-size limit, bytes [default: 64 MiB]"),
+    max_message_bytes: int | None = typer.Option(None, help="gRPC message-size limit, bytes (default: 64 MiB)"),
     preload_env: list[str] | None = typer.Option(None, help="env whose tasks load before SERVING (repeatable)"),
     task_files: list[str] | None = typer.Option(
         None, "--task-files", metavar="ENV=PATH[,PATH]",
@@ -33,6 +36,8 @@ def main(
     judge_api_key: str | None = typer.Option(None, envvar="SINKFLEX_JUDGE_API_KEY", help="judge's API key"),
     config: Path | None = typer.Option(None, help="YAML RewardServiceConfig; flags override it"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
+    version: bool = typer.Option(False, "--version", callback=version_callback("reward_service"), is_eager=True,
+                                 help="print the version and exit"),
 ) -> None:
     """Serves tau2-Bench's reward checker (Score, ScoreBatch) over gRPC until SIGTERM."""
     from reward_service.config import RewardServiceConfig
@@ -41,12 +46,15 @@ def main(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if no_metrics and metrics_port is not None:
+        typer.echo("--metrics-port and --no-metrics: give one of them", err=True)
+        raise typer.Exit(2)
     try:
         base = load_config(config, RewardServiceConfig).model_dump() if config else {}
-        flags = {"host": host, "port": port, "metrics_port": metrics_port, "max_message_bytes": max_message_bytes}
+        flags = {"host": host, "port": port, "max_message_bytes": max_message_bytes}
         base.update({k: v for k, v in flags.items() if v is not None})
-        if no_metrics:
-            base["metrics_port"] = None
+        if no_metrics or metrics_port is not None:  # --metrics-port -1: none, as --no-metrics
+            base["metrics_port"] = resolve_metrics_port(metrics_port, no_metrics)
         if preload_env:
             base["preload_envs"] = list(preload_env)
         if task_files:

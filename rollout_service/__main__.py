@@ -16,10 +16,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from sinkflex.service_cli import add_common_flags
+
     p = argparse.ArgumentParser(prog="python -m rollout_service", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50053)
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus metrics port (e.g. 9093)")
+    add_common_flags(p, service="rollout_service", metrics_default=None)
     p.add_argument("--config", help="YAML file of RolloutConfig")
     p.add_argument("--model", help="model folder (default: the prepared SmolLM2)")
     p.add_argument("--policy-version", type=int)
@@ -74,8 +76,9 @@ def main(argv=None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = config_from_args(args)
     from rollout_service.server import build_server
+    from sinkflex.service_cli import metrics_port_from
 
-    server, worker = build_server(config, port=args.port, host=args.host, metrics_port=args.metrics_port)
+    server, worker = build_server(config, port=args.port, host=args.host, metrics_port=metrics_port_from(args))
     server.on_stop(worker.close)
     server.install_signal_handlers()
     server.wait()
