@@ -33,6 +33,13 @@ Environment:
     SINKFLEX_USER_SIM_MODEL  user-simulator model (default: the experiment's models.user_simulator)
     SINKFLEX_RUN_DIR         run folder (default: the experiment's run.output_dir)
     SINKFLEX_CONFIG_DIR      where the derived configs are written (default /tmp/sinkflex)
+    SINKFLEX_MAX_STALENESS   the experiment's rollout.max_staleness (0 synchronous, k >= 1
+                             asynchronous rollouts, docs/async.md); learner.max_staleness and
+                             rollout_service.weight_updates follow from it (driver/config.py)
+    SINKFLEX_TASKS_PER_STEP  the experiment's task.tasks_per_step (groups per RL step; the
+                             learner's batch.groups_per_step follows from it)
+                             Both: empty = the experiment's (after the overrides); set in
+                             SINKFLEX_CONFIG_OVERRIDES too, they must agree.
 
 `--dry-run` (first argument after SERVICE) prints the command and the config path as JSON
 instead of starting the service.
@@ -56,6 +63,9 @@ COMMANDS = {
     "user-sim": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"],
 }
 SECTIONS = {"env": "env_service", "reward": "reward_service", "rollout": "rollout_service", "learner": "learner"}
+#: Environment variables setting one experiment field each (compose's and the chart's values).
+SHAPE_VARIABLES = {"SINKFLEX_MAX_STALENESS": ("rollout", "max_staleness"),
+                   "SINKFLEX_TASKS_PER_STEP": ("task", "tasks_per_step")}
 USAGE = f"usage: sinkflex-service {{{','.join(COMMANDS)}}} [--dry-run] [SERVICE FLAGS...]"
 
 
@@ -97,6 +107,24 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
             raise ValueError("SINKFLEX_CONFIG_OVERRIDES must be a JSON object")
         data = merge_dicts(data, patch)
         cfg = validate_config(data, TrainConfig, source=f"{source} + SINKFLEX_CONFIG_OVERRIDES")
+    else:
+        patch = {}
+    shape = {}
+    for var, (section, key) in SHAPE_VARIABLES.items():
+        raw = environ.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{var} must be an integer (the experiment's {section}.{key}), got {raw!r}") from None
+        given = (patch.get(section) or {}).get(key) if isinstance(patch.get(section), dict) else None
+        if given is not None and given != value:
+            raise ValueError(f"{var} ({value}) and SINKFLEX_CONFIG_OVERRIDES' {section}.{key} ({given}) disagree: set one")
+        shape.setdefault(section, {})[key] = value
+    if shape:  # driver.config's checks (learner.max_staleness, weight_updates, groups_per_step, ...) apply
+        data = merge_dicts(data, shape)
+        cfg = validate_config(data, TrainConfig, source=f"{source} + {', '.join(v for v in SHAPE_VARIABLES if environ.get(v, '').strip())}")
     if environ.get("SINKFLEX_RUN_DIR"):
         data["run"]["output_dir"] = environ["SINKFLEX_RUN_DIR"]
     addresses = {k: environ.get(f"SINKFLEX_{k.upper()}_ADDRESS") for k in ("env", "reward", "rollout", "learner")}

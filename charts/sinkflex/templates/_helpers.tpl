@@ -115,13 +115,89 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* The experiment's rollout.max_staleness as this release sets it: maxStaleness, else
+configOverrides' rollout.max_staleness, else "" (the experiment file's, which the chart cannot
+read). Both set and different: fail. */}}
+{{- define "sinkflex.maxStaleness" -}}
+{{- $o := dig "rollout" "max_staleness" "" .Values.configOverrides -}}
+{{- if not (kindIs "invalid" .Values.maxStaleness) -}}
+{{- if and (not (kindIs "string" $o)) (ne (int $o) (int .Values.maxStaleness)) -}}
+{{- fail (printf "maxStaleness (%d) and configOverrides.rollout.max_staleness (%d) disagree: set maxStaleness only" (int .Values.maxStaleness) (int $o)) -}}
+{{- end -}}
+{{- int .Values.maxStaleness -}}
+{{- else if not (kindIs "string" $o) -}}
+{{- int $o -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The experiment's task.tasks_per_step as this release sets it (as sinkflex.maxStaleness). */}}
+{{- define "sinkflex.tasksPerStep" -}}
+{{- $o := dig "task" "tasks_per_step" "" .Values.configOverrides -}}
+{{- if not (kindIs "invalid" .Values.tasksPerStep) -}}
+{{- if and (not (kindIs "string" $o)) (ne (int $o) (int .Values.tasksPerStep)) -}}
+{{- fail (printf "tasksPerStep (%d) and configOverrides.task.tasks_per_step (%d) disagree: set tasksPerStep only" (int .Values.tasksPerStep) (int $o)) -}}
+{{- end -}}
+{{- int .Values.tasksPerStep -}}
+{{- else if not (kindIs "string" $o) -}}
+{{- int $o -}}
+{{- end -}}
+{{- end -}}
+
+{{/* driver/config.py's checks (TrainConfig._consistent) on what follows from max_staleness and
+tasks_per_step, at render time instead of at the pods' start: configOverrides may not set
+learner.max_staleness, rollout_service.weight_updates or learner.batch.groups_per_step to
+anything else, nor learner.grpo.old_logprobs "recompute" with asynchronous rollouts. */}}
+{{- define "sinkflex.checkExperiment" -}}
+{{- $co := .Values.configOverrides -}}
+{{- $k := include "sinkflex.maxStaleness" . -}}
+{{- if ne $k "" -}}
+{{- $lk := dig "learner" "max_staleness" "" $co -}}
+{{- if and (not (kindIs "string" $lk)) (ne (int $lk) (atoi $k)) -}}
+{{- fail (printf "configOverrides.learner.max_staleness (%d) must equal rollout.max_staleness (%s): set maxStaleness instead" (int $lk) $k) -}}
+{{- end -}}
+{{- $wu := dig "rollout_service" "weight_updates" "" $co -}}
+{{- $want := ternary "between_requests" "between_turns" (eq $k "0") -}}
+{{- if and (ne (toString $wu) "") (ne (toString $wu) $want) -}}
+{{- fail (printf "configOverrides.rollout_service.weight_updates (%s) must be %s with rollout.max_staleness %s: set maxStaleness instead" (toString $wu) $want $k) -}}
+{{- end -}}
+{{- if and (ne $k "0") (eq (toString (dig "learner" "grpo" "old_logprobs" "" $co)) "recompute") -}}
+{{- fail "configOverrides.learner.grpo.old_logprobs \"recompute\" takes π_old from the learner's current weights, which ignores that asynchronous rollouts (maxStaleness >= 1) were sampled by an older policy: use \"engine\"" -}}
+{{- end -}}
+{{- end -}}
+{{- $n := include "sinkflex.tasksPerStep" . -}}
+{{- $gps := dig "learner" "batch" "groups_per_step" "" $co -}}
+{{- if and (ne $n "") (not (kindIs "string" $gps)) (ne (int $gps) (atoi $n)) -}}
+{{- fail (printf "configOverrides.learner.batch.groups_per_step (%d) must equal task.tasks_per_step (%s)" (int $gps) $n) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The KEDA redis-streams scalers' lagCount: keda.lagCount, else tasksPerStep × (maxStaleness + 1),
+the most the training loop keeps undelivered in the trajectory stream by design. */}}
+{{- define "sinkflex.kedaLagCount" -}}
+{{- if not (kindIs "invalid" .Values.keda.lagCount) -}}
+{{- int .Values.keda.lagCount -}}
+{{- else -}}
+{{- $k := include "sinkflex.maxStaleness" . -}}
+{{- $n := include "sinkflex.tasksPerStep" . -}}
+{{- if or (eq $k "") (eq $n "") -}}
+{{- fail "keda.lagCount null means tasksPerStep × (maxStaleness + 1), the lag the training loop holds by design: set maxStaleness and tasksPerStep (the experiment's values), or keda.lagCount" -}}
+{{- end -}}
+{{- mul (atoi $n) (add (atoi $k) 1) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The experiment every SinkFlex container derives its config from (docker/sinkflex_service.py),
 and the addresses of the services of this release. */}}
 {{- define "sinkflex.experimentEnv" -}}
+{{- include "sinkflex.checkExperiment" . -}}
 - name: SINKFLEX_CONFIG
   value: {{ .Values.trainingConfig | quote }}
 - name: SINKFLEX_CONFIG_OVERRIDES
   value: {{ if .Values.configOverrides }}{{ toJson .Values.configOverrides | quote }}{{ else }}""{{ end }}
+- name: SINKFLEX_MAX_STALENESS
+  value: {{ include "sinkflex.maxStaleness" . | quote }}
+- name: SINKFLEX_TASKS_PER_STEP
+  value: {{ include "sinkflex.tasksPerStep" . | quote }}
 - name: SINKFLEX_RUN_DIR
   value: /data/run
 - name: SINKFLEX_POLICY
