@@ -242,7 +242,8 @@ class Controller:
             TimeoutError: not done within run.step_timeout_s (the message says where it is).
         """
         deadline = time.monotonic() + self.cfg.run.step_timeout_s
-        while (published := self.published_version()) < version:
+        # version 0 is the initial model: the engine starts with it and nothing is ever published for it
+        while version > 0 and (published := self.published_version()) < version:
             self.alive_check()
             if time.monotonic() > deadline:
                 try:

@@ -60,7 +60,7 @@ def test_overrides_are_applied_in_order_and_reach_the_derived_service_configs():
     cfg = load_train_config(DEMO, ["rollout.group_size=16", "run.steps=5", "rollout.temperature=0.7", "run.steps=6",
                                    "learner.optim.lr=3.0e-5", "env_service.max_sessions=7"])
     assert cfg.rollout.group_size == 16 and cfg.run.steps == 6  # the later override wins
-    assert cfg.task.tasks_per_step == 8 and cfg.warm_start.lr == 2.0e-4  # the file's other values stay
+    assert cfg.task.tasks_per_step == 10 and cfg.warm_start.lr == 2.0e-4  # the file's other values stay
     out = service_configs(cfg, "/m", ADDRS, "redis://x", None)
     assert out["learner"].optim.total_steps == 6 and out["learner"].optim.lr == 3.0e-5
     assert out["learner"].grpo.temperature == out["rollout_service"].agent.temperature == 0.7
@@ -114,7 +114,8 @@ def test_config_show_prints_the_resolved_experiment_which_reloads_to_the_same_co
     assert shown["rollout"]["group_size"] == 4 and shown["validation"]["trials"] == 3
     assert shown["run"]["step_timeout_s"] == 3600.0 and shown["local"]["learner_procs"] == 1  # defaults filled in
     assert shown["task"]["generate"] == {"domain": "mock", "train": 256, "test": 64, "seed": 0}
-    assert shown["learner"] == {"optim": {"lr": 2.0e-5, "warmup_steps": 0}, "batch": {"micro_batch_size": 8},
+    assert shown["learner"] == {"optim": {"lr": 2.0e-5, "warmup_steps": 0},
+                                "batch": {"micro_batch_size": 80, "shared_prefix_across_groups": True},
                                 "grpo": {"beta": 0.0}}  # service sections as written
     again = tmp_path / "shown.yaml"
     again.write_text(result.stdout)
@@ -131,7 +132,7 @@ def test_config_show_services_gives_each_launched_services_config():
     assert env["task_files"] == {"mock": ["runs/demo/tasks"]}  # the generated task set
     assert rollout["agent"]["temperature"] == learner["grpo"]["temperature"] == 0.8
     assert rollout["agent"]["max_groups_in_flight"] == 32 and rollout["engine"]["max_model_len"] == 4096
-    assert (learner["optim"]["total_steps"], learner["batch"]["groups_per_step"], learner["optim"]["lr"]) == (5, 8, 2.0e-5)
+    assert (learner["optim"]["total_steps"], learner["batch"]["groups_per_step"], learner["optim"]["lr"]) == (5, 10, 2.0e-5)
     assert learner["warm_start"]["demonstrations"] == "runs/demo/warm_start/demonstrations.pb"
     assert learner["model"]["path"] == rollout["engine"]["model"] == "<launch>"
     assert learner["rollout_address"] == rollout["env_address"] == rollout["redis_url"] == "<launch>"
