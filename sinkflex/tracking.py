@@ -121,7 +121,10 @@ class WandbTracker:
         self.run.log({f"{kind}/step": step, **{f"{kind}/{k}": v for k, v in metrics.items()}})
 
     def close(self) -> None:
-        self.run.finish()
+        import wandb
+
+        self.run.finish()  # flushes the run's files
+        wandb.teardown()  # and stops this process's wandb-core service (it would outlive the run)
 
 
 class MlflowTracker:

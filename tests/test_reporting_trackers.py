@@ -7,6 +7,7 @@ with its step, and a re-run resumes the same tracker run."""
 from __future__ import annotations
 
 import json
+import time
 import logging
 
 import pytest
@@ -132,4 +133,7 @@ def test_wandb_offline_in_the_run_folder(tmp_path, monkeypatch):
     assert json.loads((run_dir / "trackers.json").read_text()) == {"wandb": run.id}
     (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{run.id}")
     (log_file,) = offline.glob(f"run-{run.id}.wandb")  # what `wandb sync` uploads
+    deadline = time.monotonic() + 120  # wandb-core writes it asynchronously: slow on a loaded machine
+    while log_file.stat().st_size <= 1000 and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert log_file.stat().st_size > 1000
