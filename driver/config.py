@@ -99,6 +99,8 @@ class WarmStartSettings(StrictModel):
     """Train tasks to demonstrate (the first N of the seeded shuffled train split); 0: all."""
     epochs: int = Field(2, ge=1)
     lr: float = Field(1e-4, gt=0)
+    eps: float = Field(1e-8, gt=0)
+    """AdamW ε of the warm start's own optimiser (learner.optim.eps is the GRPO one's)."""
     batch_size: int = Field(8, ge=1)
     """Demonstrations per optimiser step."""
     warmup_steps: int = Field(0, ge=0)
@@ -353,7 +355,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
     )
     if cfg.warm_start.enabled:
         w = cfg.warm_start
-        learner = merge_dicts(learner, {"warm_start": {"demonstrations": demonstrations, "epochs": w.epochs, "lr": w.lr,
+        learner = merge_dicts(learner, {"warm_start": {"demonstrations": demonstrations, "epochs": w.epochs, "lr": w.lr, "eps": w.eps,
                                                        "batch_size": w.batch_size, "warmup_steps": w.warmup_steps}})
     out = {
         "env_service": None if cfg.services.env_only() else validate_config(env, EnvServiceConfig, source="env_service"),

@@ -111,6 +111,7 @@ class Controller:
         self.groups_published = 0
         #: policy version RL starts from: 1 after a warm start (its published policy), else 0
         self.v0 = 1 if cfg.warm_start.enabled else 0
+        self._eval_purpose: dict[str, str] = {}  # eval task id -> purpose (filled by eval_tasks)
 
     def close(self) -> None:
         self.metrics.close()
@@ -133,8 +134,12 @@ class Controller:
         return ids
 
     def eval_tasks(self) -> list[str]:
+        """The first validation.num_tasks tasks of the eval split (all when 0); remembers each one's
+        description (τ²-Bench's ``Task.description.purpose``) for the per-purpose breakdown."""
         t, v = self.cfg.task, self.cfg.validation
-        ids = [x.task_id for x in self.env.ListTasks(env_pb2.ListTasksRequest(env=t.env, split=t.eval_split)).tasks]
+        listed = self.env.ListTasks(env_pb2.ListTasksRequest(env=t.env, split=t.eval_split)).tasks
+        self._eval_purpose = {x.task_id: x.description for x in listed}
+        ids = [x.task_id for x in listed]
         return ids[: v.num_tasks] if v.num_tasks else ids
 
     def step_tasks(self, step: int, pool: list[str]) -> list[str]:
@@ -301,6 +306,7 @@ class Controller:
         out = validation_dir(self.cfg.run.dir()) / f"{label.replace(' ', '_')}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"after": label, **record, "sampled_policy_versions": sorted(sampled),
+                                   "per_purpose": per_purpose(per_task_rewards, self._eval_purpose),
                                    "per_task": dict(per_task_rewards)}, indent=1))
         log.info("validation (%s, v%d): mean@1 %.3f [%.3f, %.3f] on %d tasks x %d trials", label, version, m, lo, hi,
                  len(tasks), v.trials)
@@ -448,6 +454,23 @@ class Controller:
 
 def validation_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "validation"
+
+
+def per_purpose(per_task_rewards: dict[str, list[float]], purpose: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Validation rewards by task purpose (τ²-Bench ``Task.description.purpose``; "" when none).
+
+    Args:
+        per_task_rewards: task id -> the rewards of its trials.
+        purpose: task id -> purpose; tasks not in it count under "".
+
+    Returns:
+        {purpose: {"tasks": n, "mean_at_1": mean of the per-task means}}, purposes sorted.
+    """
+    by: dict[str, list[float]] = defaultdict(list)
+    for task_id, rewards in per_task_rewards.items():
+        if rewards:
+            by[purpose.get(task_id, "")].append(sum(rewards) / len(rewards))
+    return {p: {"tasks": len(m), "mean_at_1": sum(m) / len(m)} for p, m in sorted(by.items())}
 
 
 def stratified_order(ids: list[str], stratum: dict[str, str]) -> list[str]:

@@ -161,6 +161,8 @@ class WarmStartConfig(StrictModel):
     epochs: int = Field(2, ge=1)
     lr: float = Field(1e-4, gt=0)
     """AdamW learning rate of the warm start (its own optimiser; the GRPO one is untouched)."""
+    eps: float = Field(1e-8, gt=0)
+    """AdamW ε of the warm start's optimiser (independent of optim.eps, the GRPO one's)."""
     warmup_steps: int = Field(0, ge=0)
     """Linear learning-rate warm-up over this many optimiser steps."""
     weight_decay: float = Field(0.0, ge=0)

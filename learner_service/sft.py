@@ -157,7 +157,7 @@ def warm_start(learner, groups: Sequence[common_pb2.TrajectoryGroup]) -> dict[st
     cfg, w = learner.cfg, learner.cfg.warm_start
     rollouts = demonstration_rollouts(groups, cfg.batch.max_seq_len)
     params = [p for p in learner.model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=w.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, weight_decay=w.weight_decay)
+    opt = torch.optim.AdamW(params, lr=w.lr, betas=cfg.optim.betas, eps=w.eps, weight_decay=w.weight_decay)
     gen = torch.Generator().manual_seed(cfg.model.seed + 1)
     n = len(rollouts)
     steps_per_epoch = max(1, math.ceil(n / w.batch_size))

@@ -150,3 +150,15 @@ def test_stratified_order_deals_strata_round_robin():
     assert all(len({kind[i] for i in out[k : k + 3]}) == 3 for k in (0, 3))
     assert stratified_order([], {}) == []
     assert stratified_order(["a", "b"], {}) == ["a", "b"]  # no strata known: the order is kept
+
+
+def test_per_purpose_breaks_validation_down_by_task_purpose():
+    from driver.controller import per_purpose
+
+    rewards = {"c1": [1.0, 0.0], "c2": [1.0, 1.0], "s1": [0.0, 0.0], "x": [1.0], "empty": []}
+    purpose = {"c1": "Create a task.", "c2": "Create a task.", "s1": "Set a status."}
+    out = per_purpose(rewards, purpose)
+    assert out == {"": {"tasks": 1, "mean_at_1": 1.0},  # a task with no known purpose
+                   "Create a task.": {"tasks": 2, "mean_at_1": 0.75},
+                   "Set a status.": {"tasks": 1, "mean_at_1": 0.0}}
+    assert list(out) == sorted(out) and per_purpose({}, {}) == {}
