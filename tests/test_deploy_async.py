@@ -16,29 +16,19 @@ import pytest
 import yaml
 
 from sinkflex.config import merge_dicts
-from tests.fixtures.deploy import ALL_OPTIONAL_VALUES, CHART, by_kind, render_chart, workloads
-from tests.test_deploy_commands import deploy_environ, load_service_script
+from tests.fixtures.deploy import (
+    ALL_OPTIONAL_VALUES,
+    CHART,
+    by_kind,
+    deploy_environ,
+    render_chart,
+    workloads,
+)
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 DEFAULTS = yaml.safe_load((CHART / "values.yaml").read_text())
 #: Every SinkFlex container (not Redis, not the helm test Pod) derives its config from the experiment.
 SINKFLEX_COMPONENTS = {"env", "reward", "rollout", "learner", "user-sim", "train"}
-
-
-@pytest.fixture(scope="module")
-def script():
-    return load_service_script()
-
-
-@pytest.fixture
-def experiment(tmp_path):
-    path = tmp_path / "experiment.yaml"
-    path.write_text(yaml.safe_dump({
-        "run": {"name": "async-deploy", "steps": 5},
-        "task": {"env": "retail", "tasks_per_step": 2},
-        "rollout": {"group_size": 4, "temperature": 0.9, "max_turns": 6},
-    }))
-    return path
 
 
 def async_values(**extra) -> dict:
@@ -150,6 +140,7 @@ REFUSED = [
     "two-values", "learner-max-staleness", "weight-updates", "recompute", "groups-per-step"])
 def test_chart_refuses_what_driver_config_refuses(values, chart_error, config_error, script, experiment, tmp_path):
     from helm_python import HelmRenderError
+
     from sinkflex.config import ConfigError
 
     with pytest.raises(HelmRenderError, match=chart_error):

@@ -26,6 +26,7 @@ from tests.fixtures.deploy import (
     ROOT,
     cli_flags,
     cli_help,
+    deploy_environ,
     dockerfile_instructions,
     exec_form,
     flags_used,
@@ -44,58 +45,15 @@ SERVICE_CLI = {
 }
 
 
-def load_service_script():
-    spec = importlib.util.spec_from_file_location("sinkflex_service_script", DOCKER / "sinkflex_service.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def script():
-    return load_service_script()
-
-
-@pytest.fixture
-def experiment(tmp_path) -> Path:
-    path = tmp_path / "experiment.yaml"
-    path.write_text(yaml.safe_dump({
-        "run": {"name": "deploy-test", "steps": 5},
-        "task": {"env": "retail", "tasks_per_step": 2},
-        "rollout": {"group_size": 4, "temperature": 0.9, "max_turns": 6},
-    }))
-    return path
-
-
-def deploy_environ(experiment: Path, tmp_path: Path, **extra: str) -> dict[str, str]:
-    policy = tmp_path / "policy"
-    policy.mkdir(exist_ok=True)
-    return {
-        "SINKFLEX_CONFIG": str(experiment),
-        "SINKFLEX_CONFIG_DIR": str(tmp_path / "derived"),
-        "SINKFLEX_RUN_DIR": "/data/run",
-        "SINKFLEX_POLICY": str(policy),
-        "SINKFLEX_USER_SIM_MODEL": str(policy),
-        "SINKFLEX_ENV_ADDRESS": "sf-env:50051",
-        "SINKFLEX_REWARD_ADDRESS": "sf-reward:50052",
-        "SINKFLEX_ROLLOUT_ADDRESS": "sf-rollout:50053",
-        "SINKFLEX_LEARNER_ADDRESS": "sf-learner:50054",
-        "SINKFLEX_USER_BASE_URL": "http://sf-user-sim:8000/v1",
-        "SINKFLEX_USER_MODEL": "openai/user-sim",
-        "REDIS_URL": "redis://:pw@sf-redis:6379/0",
-        **extra,
-    }
-
-
 # --------------------------------------------------------------------------- sinkflex-service
 
 def test_service_configs_are_the_launchers_with_the_deployment_addresses(script, experiment, tmp_path):
+    from driver.config import TrainConfig
     from env_service.config import EnvServiceConfig
     from learner_service.config import LearnerConfig
     from reward_service.config import RewardServiceConfig
     from rollout_service.config import RolloutConfig
     from sinkflex.config import load_config
-    from driver.config import TrainConfig
 
     environ = deploy_environ(experiment, tmp_path)
     policy = environ["SINKFLEX_POLICY"]
