@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import socket
@@ -173,7 +174,10 @@ def _tool_errors_answer_calls(resp) -> str | None:
 
 
 def _score_zero_or_clear(resp) -> str | None:
+    """A reward in [0, 1], or unscored: NaN with the reason (tau2's evaluation raised, reward_service.scoring)."""
     r = resp.breakdown.reward
+    if math.isnan(r):
+        return None if resp.breakdown.info.startswith("unscored: ") else "reward NaN without an 'unscored: ' reason"
     return None if 0.0 <= r <= 1.0 else f"reward {r} outside [0, 1]"
 
 

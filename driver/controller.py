@@ -37,7 +37,9 @@ share of the step's wall time with no generation in flight on the rollout engine
 Validation reports the env's reward as routed for training (task.reward: τ²-Bench's own
 checker for τ²-Bench domains), never a shaped one: mean@1 = the mean over
 tasks of each task's mean reward over its trials, with a Student-t 95 % interval over
-tasks; pass^k for k = 1..trials; each validation's per-task rewards are written to
+tasks; pass^k for k = 1..trials. An unscored trial (reward NaN: its evaluation raised) is
+left out of both, never counted as 0, and counted (`unscored`, also in train records and
+per task in the validation file); each validation's per-task rewards are written to
 <run dir>/validation/<label>.json so that two validations can be compared paired over the
 same tasks (`paired_difference`).
 
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import random
 import threading
@@ -289,25 +292,20 @@ class Controller:
             log.warning("validation %r asked for policy version %d, sampled by %s", label, version, sorted(sampled))
             if len(sampled) == 1 and label.startswith("step ") and actual > self.v0:
                 label, version = f"step {actual - self.v0}", actual
-        per_task_rewards: dict[str, list[float]] = defaultdict(list)
-        per_task = defaultdict(list)
-        for g in groups:
-            for t in g.trajectories:
-                per_task[g.task_id].append(t.reward >= 1.0 - 1e-6)
-                per_task_rewards[g.task_id].append(float(t.reward))
-        task_means = [sum(r) / len(r) for r in per_task_rewards.values()]
-        m, lo, hi = mean_ci(task_means)
-        record = {"mean_at_1": m, "ci_low": lo, "ci_high": hi, "tasks": len(tasks), "trials": v.trials,
-                  "policy_version": version}
-        for k in range(1, v.trials + 1):
-            record[f"pass_hat_{k}"] = pass_hat_k(per_task, k)
+        per_task_rewards, unscored = scored_trials(groups)
+        record = {**validation_scores(per_task_rewards, v.trials), "tasks": len(tasks), "trials": v.trials,
+                  "unscored": float(sum(unscored.values())), "policy_version": version}
+        m, lo, hi = record["mean_at_1"], record["ci_low"], record["ci_high"]
+        if unscored:
+            log.warning("validation (%s): %d trial(s) unscored (their evaluation raised), left out of mean@1: %s",
+                        label, sum(unscored.values()), dict(sorted(unscored.items())[:10]))
         with self._metrics_lock:
             self.metrics.write("val", version, record)
         out = validation_dir(self.cfg.run.dir()) / f"{label.replace(' ', '_')}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"after": label, **record, "sampled_policy_versions": sorted(sampled),
                                    "per_purpose": per_purpose(per_task_rewards, self._eval_purpose),
-                                   "per_task": dict(per_task_rewards)}, indent=1))
+                                   "per_task": dict(per_task_rewards), "unscored_per_task": unscored}, indent=1))
         log.info("validation (%s, v%d): mean@1 %.3f [%.3f, %.3f] on %d tasks x %d trials", label, version, m, lo, hi,
                  len(tasks), v.trials)
         return record
@@ -382,7 +380,8 @@ class Controller:
                                 self.metrics.write("trajectory", step + 1, {
                                     "reward": t.reward, "tokens": len(t.token_ids), "turns": len(t.turns),
                                     "policy_version": t.policy_version,
-                                    "policy_version_last": max((x.policy_version for x in t.turns), default=t.policy_version)})
+                                    "policy_version_last": max((x.policy_version for x in t.turns), default=t.policy_version),
+                                    **({"unscored": t.reward_breakdown.info[:500]} if math.isnan(t.reward) else {})})
                     produced.put((step, groups, time.time() - t0, t0 - t_gate))
             except BaseException as err:  # noqa: BLE001 - handed to the main thread
                 produced.put(err)
@@ -408,10 +407,11 @@ class Controller:
                     status = self.wait_for_version(self.v0 + step + 1)
                     now = time.time()
                     busy, up = self.engine_usage()
-                    rewards = [t.reward for t in trajs]
-                    m, _, _ = mean_ci(rewards)
-                    std = (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5
-                    record = {"reward_mean": m, "reward_std": std, "groups": len(groups), "rollout_s": t_roll,
+                    rewards = [t.reward for t in trajs if not math.isnan(t.reward)]  # NaN: unscored
+                    m = sum(rewards) / len(rewards) if rewards else math.nan
+                    std = (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else math.nan
+                    record = {"reward_mean": m, "reward_std": std, "unscored": float(len(trajs) - len(rewards)),
+                              "groups": len(groups), "rollout_s": t_roll,
                               "rollout_wait_s": t_wait, "infrastructure_errors": len(failed),
                               "step_s": now - t_prev, "wall_s": now - t_loop, "groups_trained": status.groups_trained,
                               "max_staleness": k,
@@ -454,6 +454,38 @@ class Controller:
 
 def validation_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "validation"
+
+
+def scored_trials(groups) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """(task id -> the rewards of its scored trials, task id -> its number of unscored trials).
+
+    An unscored trial (reward NaN: its evaluation raised, reward_service.scoring) is no
+    evidence about the policy: it is left out of the rewards, not counted as 0, and counted
+    on its own. A task whose every trial is unscored has no rewards entry."""
+    rewards: dict[str, list[float]] = defaultdict(list)
+    unscored: dict[str, int] = defaultdict(int)
+    for g in groups:
+        for t in g.trajectories:
+            if math.isnan(t.reward):
+                unscored[g.task_id] += 1
+            else:
+                rewards[g.task_id].append(float(t.reward))
+    return dict(rewards), dict(unscored)
+
+
+def validation_scores(per_task_rewards: dict[str, list[float]], trials: int) -> dict[str, float]:
+    """mean@1 (mean over tasks of the per-task mean, with its 95% CI) and pass^k for k = 1..trials
+    (τ²-Bench's success: reward 1.0), over the scored trials only.
+
+    pass^k is over the tasks with at least k scored trials; NaN where no task has (and
+    mean@1 is NaN without any scored trial)."""
+    task_means = [sum(r) / len(r) for r in per_task_rewards.values() if r]
+    m, lo, hi = mean_ci(task_means) if task_means else (math.nan, math.nan, math.nan)
+    out = {"mean_at_1": m, "ci_low": lo, "ci_high": hi, "scored_tasks": float(len(task_means))}
+    for k in range(1, trials + 1):
+        ok = {task: [r >= 1.0 - 1e-6 for r in rs] for task, rs in per_task_rewards.items() if len(rs) >= k}
+        out[f"pass_hat_{k}"] = pass_hat_k(ok, k) if ok else math.nan
+    return out
 
 
 def per_purpose(per_task_rewards: dict[str, list[float]], purpose: dict[str, str]) -> dict[str, dict[str, float]]:

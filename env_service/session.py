@@ -162,6 +162,7 @@ class Tau2Session:
         self.reward: Optional[float] = None
         self.reward_info_json = ""
         self.error = ""
+        self.evaluation_error = ""  # tau2's evaluation raised at the end (info["evaluation_error"])
         #: (request bytes, response) of a Step applied after its client had gone (cancelled,
         #: deadline passed): kept for the client's resend (`core.EnvCore.step`).
         self.undelivered: Optional[tuple[bytes, common_pb2.StepResponse]] = None
@@ -352,6 +353,7 @@ class Tau2Session:
         except Exception as err:  # noqa: BLE001 - a scoring failure must not lose the episode
             log.warning("session %s: tau2 evaluation failed: %s", self.session_id, err)
             self.error = self.error or f"tau2 evaluation failed: {err}"
+            self.evaluation_error = f"{type(err).__name__}: {err}"[:2000]
             return
         self.reward = float(info.reward)
         self.reward_info_json = info.model_dump_json()
@@ -365,6 +367,8 @@ class Tau2Session:
             out["reward_info"] = self.reward_info_json
         if self.error:
             out["error"] = self.error
+        if self.evaluation_error:  # the episode is unscored (StepResponse.reward stays 0.0 on the wire)
+            out["evaluation_error"] = self.evaluation_error
         return out
 
 

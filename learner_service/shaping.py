@@ -35,7 +35,11 @@ _CHECKS = {
 
 def check_shares(breakdown: common_pb2.RewardBreakdown) -> dict[str, float]:
     """{"action" | "env_assertion" | "communicate": share of that kind's checks passed} for the
-    kinds whose records are in `breakdown` (unparseable or empty records are left out)."""
+    kinds whose records are in `breakdown` (unparseable or empty records are left out).
+
+    Only checks in the task's reward basis: a component the reward service marks
+    ``"in_basis": false`` (a check tau2 ran but the task is not scored on, e.g. the action
+    checks of a DB-only task) gives no partial credit, as before the breakdown listed them."""
     shares: dict[str, float] = {}
     for comp in breakdown.components:
         spec = _CHECKS.get(comp.type)
@@ -43,7 +47,10 @@ def check_shares(breakdown: common_pb2.RewardBreakdown) -> dict[str, float]:
             continue
         field, flag, name = spec
         try:
-            records = json.loads(comp.details_json).get(field) or []
+            details = json.loads(comp.details_json)
+            if details.get("in_basis") is False:  # a check tau2 ran outside the task's basis
+                continue
+            records = details.get(field) or []
         except (ValueError, AttributeError):
             continue
         flags = [bool(r.get(flag)) for r in records if isinstance(r, dict)]

@@ -456,6 +456,7 @@ class Learner:
             "reward_mean": float(valid.mean()) if valid.numel() else float("nan"),
             "reward_std": float(valid.std(unbiased=False)) if valid.numel() else float("nan"),
             "reward_nan": float(torch.isnan(rewards).sum()),
+            "unscored": float(torch.isnan(rewards).sum()),  # evaluation raised: advantage 0, out of mean/std
             "adv_mean": float(adv.mean()),
             "adv_std": float(adv.std(unbiased=False)),
             "adv_min": float(adv.min()),

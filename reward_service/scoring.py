@@ -19,9 +19,15 @@ NL-assertion judge are tau2's. What this module adds:
 - termination reasons tau2 does not know (the rollout worker's MAX_TURNS,
   MAX_CONTEXT_TOKENS, INFRASTRUCTURE_ERROR) score 0.0 with tau2's own premature-termination
   note; tau2 scores every reason but agent/user stop that way.
-- untrusted model output never raises: a trajectory that tau2 cannot evaluate (e.g. the
-  replay of its tool calls fails, or a stop right after an unanswered tool call) scores
-  0.0 with the reason, as tau2's `skip_failed_samples` does.
+- untrusted model output never raises, and a failed evaluation is never a score: a
+  trajectory that tau2 cannot evaluate (its `evaluate_simulation` raised: e.g. the replay
+  of its tool calls does not reproduce the recorded tool outputs, or a stop right after an
+  unanswered tool call) is *unscored*: reward NaN, info ``"unscored: tau2 could not
+  evaluate the trajectory: <error>"`` (`unscored`, bounded), no components. tau2's own
+  runner drops such samples from its metrics (`skip_failed_samples`); so do we: the
+  learner gives NaN advantage 0 and leaves it out of its group's mean/std, validation
+  leaves it out of mean@1, and both count it (`unscored`). A failed ScoreBatch item
+  (refused request, judge failure) is unscored the same way, with its error on the item.
 - NL_ASSERTION: evaluated with `EvaluationType.ALL_WITH_NL_ASSERTIONS` through tau2's
   judge prompt, sent to the configured OpenAI-compatible endpoint (tau2 hard-codes its
   judge model; a thread-local hook on its `generate` swaps in ours, see `_install_judge_hook`).
@@ -29,8 +35,11 @@ NL-assertion judge are tau2's. What this module adds:
   raise on one. Without a judge the
   request fails with FAILED_PRECONDITION; a judge that fails or answers garbage gives
   UNAVAILABLE (an infrastructure fault, not the policy's).
-- the breakdown: one `RewardComponent` per check in tau2's `reward_breakdown`, with tau2's
-  check records (db_check, action_checks, communicate_checks, ...) as `details_json`.
+- the breakdown: every check tau2 ran, each with its result: one `RewardComponent` per
+  check in tau2's `reward_breakdown` (the basis) and one per kind of check tau2 ran outside
+  the basis (e.g. the action checks of a DB-only task), with tau2's check records
+  (db_check, action_checks, communicate_checks, ...) and ``"in_basis"`` as `details_json`
+  (`to_breakdown`).
 
 Deterministic: tau2's checks are pure functions of (task, messages, termination reason);
 JSON is written with sorted keys. Only a judge LLM can add non-determinism (temperature 0
@@ -41,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -310,11 +320,35 @@ def _info_text(info: dict | None) -> str:
     return json.dumps(kept, sort_keys=True, default=str) if kept else ""
 
 
-def to_breakdown(reward_info) -> common_pb2.RewardBreakdown:
-    """Wire `RewardBreakdown` of a tau2 `RewardInfo`.
+def _outside_basis_result(name: str, records) -> float | None:
+    """The result of a kind of check that tau2 ran outside the reward basis, from tau2's own
+    per-check results: the product of the records' rewards (`db_reward`, `reward`,
+    `action_reward`), or 1.0 iff every record is `met` (communicate, NL) -- tau2's rule for
+    the same kind inside a basis. None when tau2 ran no check of the kind (no records)."""
+    if records is None or (isinstance(records, list) and not records):
+        return None
+    if name == "DB":
+        return float(records.db_reward)
+    if name == "ENV_ASSERTION":
+        return float(math.prod(r.reward for r in records))
+    if name == "ACTION":
+        return float(math.prod(r.action_reward for r in records))
+    return 1.0 if all(r.met for r in records) else 0.0  # COMMUNICATE, NL_ASSERTION
 
-    reward = tau2's reward; reward_basis = tau2's basis (empty when no check ran); one
-    component per entry of tau2's `reward_breakdown` with the check records as details_json.
+
+def to_breakdown(reward_info) -> common_pb2.RewardBreakdown:
+    """Wire `RewardBreakdown` of a tau2 `RewardInfo`: every check tau2 ran, each with its result.
+
+    reward = tau2's reward; reward_basis = tau2's basis (empty when no check ran). One
+    component per kind of check, in `REWARD_TYPES` order, with tau2's check records as
+    details_json and ``"in_basis"`` saying whether it counts in the reward:
+
+    - in the basis: one per entry of tau2's `reward_breakdown`, its reward tau2's.
+    - outside the basis: tau2's `evaluate_simulation` (type ALL) runs the DB/ENV_ASSERTION,
+      ACTION and COMMUNICATE evaluators for every task and keeps their records (e.g. the
+      `action_checks` of a DB-only task) but drops their rewards; such a kind is listed when
+      tau2 produced records for it, its reward computed from those records
+      (`_outside_basis_result`). It never enters `reward` (the learner's shaping skips it).
     """
     out = common_pb2.RewardBreakdown(reward=float(reward_info.reward), info=_info_text(reward_info.info))
     for t in reward_info.reward_basis or []:
@@ -322,15 +356,18 @@ def to_breakdown(reward_info) -> common_pb2.RewardBreakdown:
     breakdown = {k.value if hasattr(k, "value") else k: v for k, v in (reward_info.reward_breakdown or {}).items()}
     sub_info = reward_info.info or {}
     for name, wire in REWARD_TYPES.items():
-        if name not in breakdown:
-            continue
         field, info_key = _DETAILS[name]
-        details = {field: _jsonable(getattr(reward_info, field))}
+        records = getattr(reward_info, field)
+        in_basis = name in breakdown
+        result = float(breakdown[name]) if in_basis else _outside_basis_result(name, records)
+        if result is None:
+            continue
+        details = {field: _jsonable(records), "in_basis": in_basis}
         if isinstance(sub_info.get(info_key), dict):
             details["info"] = sub_info[info_key]
         out.components.append(
             common_pb2.RewardComponent(
-                type=wire, reward=float(breakdown[name]), details_json=json.dumps(details, sort_keys=True, default=str)
+                type=wire, reward=result, details_json=json.dumps(details, sort_keys=True, default=str)
             )
         )
     return out
@@ -341,6 +378,27 @@ def _zero(task, reason: str) -> common_pb2.RewardBreakdown:
     if task is not None and task.evaluation_criteria is not None:
         out.reward_basis.extend(REWARD_TYPES[t.value] for t in task.evaluation_criteria.reward_basis)
     return out
+
+
+#: `RewardBreakdown.info` of an unscored trajectory starts with this (its `reward` is NaN).
+UNSCORED_PREFIX = "unscored: "
+
+
+def unscored(task, reason: str) -> common_pb2.RewardBreakdown:
+    """The breakdown of a trajectory whose evaluation raised: reward NaN (not a score: the
+    learner gives it advantage 0 and leaves it out of its group's mean and std, validation
+    leaves it out of mean@1 and counts it), info = UNSCORED_PREFIX + the error (bounded to
+    MAX_REASON_CHARS), the task's basis when known, no components (no check finished)."""
+    out = common_pb2.RewardBreakdown(reward=math.nan, info=_reason(UNSCORED_PREFIX + reason))
+    if task is not None and task.evaluation_criteria is not None:
+        out.reward_basis.extend(REWARD_TYPES[t.value] for t in task.evaluation_criteria.reward_basis)
+    return out
+
+
+def is_unscored(breakdown_or_reward) -> bool:
+    """True for an unscored trajectory: a NaN reward (a `RewardBreakdown`, a `Trajectory` or a float)."""
+    r = breakdown_or_reward if isinstance(breakdown_or_reward, float | int) else breakdown_or_reward.reward
+    return math.isnan(r)
 
 
 # --------------------------------------------------------------------------- scoring
@@ -425,14 +483,18 @@ def score(
             raise ServiceError(
                 grpc.StatusCode.UNAVAILABLE, _reason(f"NL-assertion judge failed: {type(err).__name__}: {err}")
             ) from None
-        return _zero(task, f"tau2 could not evaluate the trajectory: {type(err).__name__}: {err}")
+        return unscored(task, f"tau2 could not evaluate the trajectory: {type(err).__name__}: {err}")
     return to_breakdown(info)
 
 
 def batch_item(
     request: reward_pb2.ScoreRequest, catalog: TaskCatalog, judge: JudgeConfig | None = None
 ) -> reward_pb2.ScoreBatchItem:
-    """One item of ScoreBatch: `score`, with any failure reported on the item (reward 0.0), never raised."""
+    """One item of ScoreBatch: `score`, with any failure reported on the item, never raised.
+
+    A failed item is unscored too: its breakdown has reward NaN and info = the error (the
+    request was refused or the service failed; the trajectory was not scored, which is not
+    a reward of 0.0), and `error` / `error_code` say why."""
     try:
         return reward_pb2.ScoreBatchItem(breakdown=score(request, catalog, judge))
     except ServiceError as err:
@@ -441,5 +503,5 @@ def batch_item(
         code, message = grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}"
     message = _reason(message)
     return reward_pb2.ScoreBatchItem(
-        breakdown=common_pb2.RewardBreakdown(reward=0.0, info=message), error=message, error_code=code.value[0]
+        breakdown=common_pb2.RewardBreakdown(reward=math.nan, info=message), error=message, error_code=code.value[0]
     )

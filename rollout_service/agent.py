@@ -24,7 +24,9 @@ episode with TERMINATION_REASON_AGENT_ERROR, since tau2 rejects empty agent mess
 Infrastructure failures end the episode with TERMINATION_REASON_INFRASTRUCTURE_ERROR and
 keep what was sampled (never lost). A reward service that answers NOT_FOUND for an item (it
 does not know the env or task) fails the group with FAILED_PRECONDITION naming both: a
-misconfiguration, not a reward of 0. Per-turn metrics: generated tokens, seconds,
+misconfiguration, not a reward of 0. A trajectory whose evaluation raised (the reward
+service's or the env's own) keeps reward NaN, *unscored*, and the metric `unscored` (also in
+`totals`) counts it. Per-turn metrics: generated tokens, seconds,
 truncation, parse failures, and the policy version that generated the turn
 (`TurnInfo.policy_version`); `Trajectory.policy_version` is the oldest of them (the engine's
 version at the start when no turn was generated) and the metric `policy_versions` counts the
@@ -38,6 +40,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -248,7 +251,9 @@ class AgentLoop:
             traj.policy_version = min(versions)
             traj.metrics["policy_versions"] = float(len(set(versions)))  # > 1: a weight update landed between turns
         traj.termination_reason = reason
-        traj.reward = env_return  # the env's reward; a reward service, when the env is routed to one, replaces it
+        # the env's reward (NaN when its own evaluation raised); a reward service, when the env
+        # is routed to one, replaces it
+        traj.reward = math.nan if math.isnan(traj.reward_breakdown.reward) else env_return
         m["env_reward"] = env_return
         m["episode_seconds"] = time.perf_counter() - t_start
         m["tokens"] = len(tokens.ids)
@@ -309,6 +314,7 @@ class AgentLoop:
         """
         client = self.reward_for(env if env is not None else (trajs[0].env if trajs else ""))
         if client is None:
+            self._count_unscored(trajs)
             return  # keep the env's own terminal reward (and its breakdown)
         reqs = [reward_pb2.ScoreRequest(env=t.env, task_id=t.task_id, messages=t.messages,
                                         termination_reason=t.termination_reason, solo_mode=solo_mode) for t in trajs]
@@ -322,9 +328,17 @@ class AgentLoop:
                                f"reward (envs.{t.env}.reward: env) or to a reward service that scores it")
         for t, item in zip(trajs, items):
             t.reward_breakdown.CopyFrom(item.breakdown)
-            t.reward = item.breakdown.reward
+            t.reward = item.breakdown.reward  # NaN: unscored (the evaluation raised, or the item failed)
             if item.error:
                 t.metrics["reward_error"] = 1.0
+        self._count_unscored(trajs)
+
+    def _count_unscored(self, trajs: Sequence[common_pb2.Trajectory]) -> None:
+        """Metric `unscored` (1.0 / 0.0) on each trajectory, summed into `totals`: a NaN reward
+        is a trajectory whose evaluation raised, not a reward of 0 (reward_service.scoring)."""
+        for t in trajs:
+            t.metrics["unscored"] = float(math.isnan(t.reward))
+            self.totals["unscored"] = self.totals.get("unscored", 0.0) + t.metrics["unscored"]
 
     async def run_tasks(self, env: str, task_ids: Sequence[str], group_size: int, sampling: Sampling,
                         max_turns: int, max_context_tokens: int, solo_mode: bool = False, publish: bool = True
@@ -350,8 +364,13 @@ class AgentLoop:
 def env_breakdown(step: env_pb2.StepResponse, env_return: float) -> common_pb2.RewardBreakdown:
     """The breakdown of an episode the env ended: the env's own (`info["reward_breakdown"]`, a
     common.v1.RewardBreakdown in protobuf JSON) when it sends one, else just the reward with the
-    terminating step's info as JSON. `reward` is always the env's return."""
+    terminating step's info as JSON. `reward` is the env's return, except when the env says its
+    own evaluation raised (info["evaluation_error"], env_service.session): then the episode is
+    unscored (reward NaN, info "unscored: ...", as the reward service does), not a 0."""
     out = common_pb2.RewardBreakdown()
+    failed = step.info.get("evaluation_error")
+    if failed:
+        return common_pb2.RewardBreakdown(reward=math.nan, info=f"unscored: the env's evaluation raised: {failed[:1900]}")
     sent = step.info.get("reward_breakdown")
     if sent:
         try:

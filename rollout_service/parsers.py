@@ -9,20 +9,26 @@ Two formats:
   is a tool call, ``final`` channel text is the reply, ``analysis`` is reasoning (dropped).
 
 Arguments are kept exactly as the model wrote them: `ToolCall.arguments_json` is the
-original JSON text of the arguments object (nested objects, key order, spacing preserved),
-never re-serialised. Malformed output is not an exception: `ParsedTurn.parse_error` says
-what was wrong and the whole raw text becomes the content, so that the environment sees
-what the model wrote and the episode continues (the agent loop counts these).
+original JSON text of the arguments object (nested objects, key order, spacing, escapes and
+non-ASCII characters preserved), never re-serialised. Malformed output is not an exception:
+`ParsedTurn.parse_error` says what was wrong (bounded: `MAX_PARSE_ERROR_CHARS`) and the
+whole raw text becomes the content, so that the environment sees what the model wrote and
+the episode continues (the agent loop counts these).
+
+Model output is untrusted input. Hermes blocks are delimited by the JSON they hold, not
+by searching for the closing tag: a ``</tool_call>`` inside a JSON string argument (the
+model quoting the format, a tool argument that contains markup) is text of the argument.
+A block with complete JSON but no closing tag (the reply was cut at max_new_tokens) is a
+parse error, not a call: a cut reply is not executed. Truncated JSON says "truncated".
+tests/test_rollout_parsers.py round-trips arbitrary JSON arguments (hypothesis) through
+each format's rendering (`formatting.hermes_call_text`, harmony's renderer) and parsing.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -51,70 +57,156 @@ class ParsedTurn:
         return not self.parse_error
 
 
-def _raw_arguments(body: str, obj: dict) -> str:
-    """Returns the exact JSON text of the ``arguments`` value inside `body` (a JSON object
-    text already decoded into `obj`), found by raw-decoding at the value's offset."""
+_OPEN = "<tool_call>"
+_CLOSE = "</tool_call>"
+_WS = " \t\n\r"
+
+#: Longest `ParsedTurn.parse_error` (the model can write any number of broken blocks).
+MAX_PARSE_ERROR_CHARS = 600
+#: Longest quote of the model's text inside one error.
+_QUOTE_CHARS = 40
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS:
+        i += 1
+    return i
+
+
+def _quote(text: str) -> str:
+    """A short repr of model text for an error message."""
+    return repr(text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "...")
+
+
+def _join_errors(errors: list[str]) -> str:
+    """The errors joined with "; ", at most MAX_PARSE_ERROR_CHARS (the count of the rest said)."""
+    out, used = [], 0
+    for k, e in enumerate(errors):
+        if used + len(e) + 2 > MAX_PARSE_ERROR_CHARS - 40:
+            out.append(f"... and {len(errors) - k} more error(s)")
+            break
+        out.append(e)
+        used += len(e) + 2
+    return "; ".join(out)[:MAX_PARSE_ERROR_CHARS]
+
+
+def _top_level_spans(text: str, start: int, end: int) -> dict[str, tuple[int, int]]:
+    """Key -> (start, end) of each member value of the JSON object text[start:end] (already
+    known to be one valid object), found by walking its top level with the decoder (a
+    duplicate key: the last one, as json.loads keeps)."""
     decoder = json.JSONDecoder()
-    for m in re.finditer(r'"(?:arguments|parameters)"\s*:\s*', body):
-        start = m.end()
+    spans: dict[str, tuple[int, int]] = {}
+    i = _skip_ws(text, start + 1)  # after "{"
+    while i < end and text[i] != "}":
+        key, i = decoder.raw_decode(text, i)
+        i = _skip_ws(text, i) + 1  # ":"
+        i = _skip_ws(text, i)
+        _, value_end = decoder.raw_decode(text, i)
+        spans[key] = (i, value_end)
+        i = _skip_ws(text, value_end)
+        if i < end and text[i] == ",":
+            i = _skip_ws(text, i + 1)
+    return spans
+
+
+def _call_of(text: str, start: int, end: int, obj) -> tuple[ParsedCall | None, str]:
+    """The call of one decoded block object (text[start:end]), or None and why not."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None, 'expected an object with a string "name"'
+    key = "arguments" if "arguments" in obj else "parameters" if "parameters" in obj else None
+    if key is None:
+        return ParsedCall(obj["name"], "{}"), ""
+    args = obj[key]
+    if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
-            value, end = decoder.raw_decode(body, start)
+            if isinstance(json.loads(args), dict):
+                return ParsedCall(obj["name"], args), ""
         except json.JSONDecodeError:
-            continue
-        if value == obj.get("arguments", obj.get("parameters")):
-            return body[start:end]
-    return json.dumps(obj.get("arguments", obj.get("parameters", {})), ensure_ascii=False)
+            pass
+        return None, "arguments are not a JSON object"
+    if not isinstance(args, dict):
+        return None, "arguments are not a JSON object"
+    a, b = _top_level_spans(text, start, end)[key]
+    return ParsedCall(obj["name"], text[a:b]), ""
 
 
 def parse_hermes(text: str) -> ParsedTurn:
     """Parses a Hermes/ChatML reply: ``<tool_call>{"name": N, "arguments": {...}}</tool_call>`` blocks.
 
+    A block's JSON object is decoded with `json.JSONDecoder.raw_decode` from the first
+    non-space character after ``<tool_call>``, so the block ends where the object ends: a
+    ``</tool_call>`` (or ``<tool_call>``) inside a JSON string argument is part of the
+    argument, never the end of the call. After the object only whitespace and
+    ``</tool_call>`` may follow. Where the JSON does not decode, the block is taken to end at
+    the next ``</tool_call>`` (the only boundary left) and scanning goes on after it.
+
     Returns:
-        ParsedTurn with one ParsedCall per well-formed block, in order. A block that is not
-        closed, not a JSON object, lacks a string "name", or whose arguments are not an
-        object makes `parse_error` non-empty and `content` the raw text (the env then sees
-        what the model wrote). Without any block the reply is plain content.
+        ParsedTurn with one ParsedCall per well-formed block, in order; arguments are the
+        exact text the model wrote (`arguments_json`: nesting, key order, spacing, escapes
+        and non-ASCII characters as written). A block that is truncated (the JSON or the
+        reply ends inside it), not closed, not a JSON object, lacks a string "name", has
+        text between the object and ``</tool_call>``, or whose arguments are not an object
+        makes `parse_error` non-empty (at most MAX_PARSE_ERROR_CHARS, one clause per bad
+        block naming its index) and `content` the raw text (the env then sees what the
+        model wrote); the calls that did parse are kept in `calls` (the agent executes none
+        of them). Without any block the reply is plain content. Never raises.
     """
-    blocks = list(_TOOL_CALL_RE.finditer(text))
-    if not blocks:
+    if _OPEN not in text:
         return ParsedTurn(content=text, raw=text)
+    decoder = json.JSONDecoder()
     calls: list[ParsedCall] = []
     errors: list[str] = []
-    decoder = json.JSONDecoder()
-    for i, m in enumerate(blocks):
-        body = m.group(1).strip()
-        if not m.group(2):
-            errors.append(f"tool call {i}: missing </tool_call>")
-            continue
+    outside: list[str] = []
+    pos, i = 0, 0
+    while True:
+        open_at = text.find(_OPEN, pos)
+        if open_at < 0:
+            outside.append(text[pos:])
+            break
+        outside.append(text[pos:open_at])
+        start = _skip_ws(text, open_at + len(_OPEN))
         try:
-            obj, end = decoder.raw_decode(body)
+            obj, end = decoder.raw_decode(text, start)
         except json.JSONDecodeError as err:
-            errors.append(f"tool call {i}: invalid JSON ({err.msg} at {err.pos})")
+            close = text.find(_CLOSE, start)
+            truncated = err.msg.startswith("Unterminated string") or _skip_ws(text, err.pos) >= len(text)
+            if truncated:  # the JSON runs to the end of the reply (a string never closes, or no "}")
+                errors.append(f"tool call {i}: truncated JSON (the reply ends inside the object: {err.msg})")
+                close = -1
+            elif close < 0:
+                errors.append(f"tool call {i}: invalid JSON ({err.msg} at {err.pos - start}) and missing {_CLOSE}")
+            else:
+                errors.append(f"tool call {i}: invalid JSON ({err.msg} at {err.pos - start})")
+            pos = len(text) if close < 0 else close + len(_CLOSE)
+            i += 1
             continue
-        if body[end:].strip():
-            errors.append(f"tool call {i}: text after the JSON object")
+        except (ValueError, RecursionError) as err:  # an int of > 4300 digits; nesting deeper than the stack
+            close = text.find(_CLOSE, start)
+            errors.append(f"tool call {i}: JSON not decodable ({type(err).__name__}: {str(err)[:80]})")
+            pos = len(text) if close < 0 else close + len(_CLOSE)
+            i += 1
             continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-            errors.append(f"tool call {i}: expected an object with a string \"name\"")
-            continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                if isinstance(json.loads(args), dict):
-                    calls.append(ParsedCall(obj["name"], args))
-                    continue
-            except json.JSONDecodeError:
-                pass
-            errors.append(f"tool call {i}: arguments are not a JSON object")
-            continue
-        if not isinstance(args, dict):
-            errors.append(f"tool call {i}: arguments are not a JSON object")
-            continue
-        calls.append(ParsedCall(obj["name"], _raw_arguments(body, obj)))
+        after = _skip_ws(text, end)
+        if text.startswith(_CLOSE, after):
+            pos = after + len(_CLOSE)
+            call, why = _call_of(text, start, end, obj)
+            if call is not None:
+                calls.append(call)
+            else:
+                errors.append(f"tool call {i}: {why}")
+        elif after >= len(text):
+            errors.append(f"tool call {i}: missing {_CLOSE} (the reply ends after the JSON object)")
+            pos = len(text)
+        else:
+            close = text.find(_CLOSE, after)
+            errors.append(f"tool call {i}: text after the JSON object ({_quote(text[after:close if close >= 0 else None])})"
+                          + ("" if close >= 0 else f" and missing {_CLOSE}"))
+            pos = len(text) if close < 0 else close + len(_CLOSE)
+        i += 1
     if errors:
-        return ParsedTurn(content=text, calls=tuple(calls), parse_error="; ".join(errors), raw=text)
-    outside = _TOOL_CALL_RE.sub("", text).strip()
-    return ParsedTurn(content=outside or None, calls=tuple(calls), raw=text)
+        return ParsedTurn(content=text, calls=tuple(calls), parse_error=_join_errors(errors), raw=text)
+    rest = "".join(outside).strip()
+    return ParsedTurn(content=rest or None, calls=tuple(calls), raw=text)
 
 
 @lru_cache(maxsize=1)
@@ -144,7 +236,7 @@ def parse_harmony(token_ids: list[int]) -> ParsedTurn:
     try:
         messages = enc.parse_messages_from_completion_tokens(token_ids, Role.ASSISTANT)
     except Exception as err:  # noqa: BLE001 - openai_harmony raises a bare HarmonyError
-        return ParsedTurn(content=raw, parse_error=f"harmony: {err}", raw=raw)
+        return ParsedTurn(content=raw, parse_error=f"harmony: {str(err)[:MAX_PARSE_ERROR_CHARS - 9]}", raw=raw)
     calls: list[ParsedCall] = []
     finals: list[str] = []
     others: list[str] = []
@@ -155,18 +247,18 @@ def parse_harmony(token_ids: list[int]) -> ParsedTurn:
         if recipient.startswith("functions."):
             try:
                 ok = isinstance(json.loads(text), dict)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # JSONDecodeError, > 4300-digit ints, deep nesting
                 ok = False
             if ok:
                 calls.append(ParsedCall(recipient[len("functions."):], text))
             else:
-                errors.append(f"call to {recipient}: arguments are not a JSON object")
+                errors.append(f"call to {_quote(recipient)}: arguments are not a JSON object")
         elif msg.channel == "final":
             finals.append(text)
         elif msg.channel != "analysis":
             others.append(text)
     if errors:
-        return ParsedTurn(content=raw, calls=tuple(calls), parse_error="; ".join(errors), raw=raw)
+        return ParsedTurn(content=raw, calls=tuple(calls), parse_error=_join_errors(errors), raw=raw)
     content = "".join(finals) or "".join(others) or None
     return ParsedTurn(content=content, calls=tuple(calls), raw=raw)
 

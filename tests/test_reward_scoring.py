@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -38,22 +39,22 @@ def test_local_and_grpc_clients_agree_and_are_deterministic(retail_trajectories,
         assert reward_client.score(req) == first
 
 
-def test_stop_right_after_unanswered_call_scores_zero_with_reason(retail_trajectories, local):
-    """tau2's evaluate_simulation raises here (replay finds no tool message); we score 0.0 and say why."""
+def test_stop_right_after_unanswered_call_is_unscored_with_reason(retail_trajectories, local):
+    """tau2's evaluate_simulation raises here (replay finds no tool message): unscored (NaN), and why."""
     req = _copy(retail_trajectories["max_steps_after_call"].request,
                 termination_reason=common_pb2.TERMINATION_REASON_AGENT_STOP)
     b = local.score(req)
-    assert b.reward == 0.0
-    assert "tau2 could not evaluate the trajectory" in b.info and "Tool message expected" in b.info
+    assert math.isnan(b.reward) and not b.components
+    assert b.info.startswith("unscored: tau2 could not evaluate the trajectory") and "Tool message expected" in b.info
     assert list(b.reward_basis) == [common_pb2.REWARD_TYPE_DB, common_pb2.REWARD_TYPE_COMMUNICATE]
 
 
-def test_tool_output_that_the_environment_did_not_produce_scores_zero(retail_trajectories, local):
+def test_tool_output_that_the_environment_did_not_produce_is_unscored(retail_trajectories, local):
     req = _copy(retail_trajectories["golden"].request)
     tool = next(m for m in req.messages if m.role == common_pb2.ROLE_TOOL)
     tool.content = '{"user_id": "somebody_else"}'
     b = local.score(req)
-    assert b.reward == 0.0 and "tau2 could not evaluate the trajectory: ValueError" in b.info
+    assert math.isnan(b.reward) and "unscored: tau2 could not evaluate the trajectory: ValueError" in b.info
     assert len(b.info) <= 2000
 
 
@@ -154,8 +155,9 @@ def test_nl_assertions_go_to_the_configured_judge(retail_trajectories, nl_task, 
         b = client.score(req)
         assert b.reward == 1.0
         comps = {c.type: c for c in b.components}
-        assert set(comps) == {common_pb2.REWARD_TYPE_DB, common_pb2.REWARD_TYPE_COMMUNICATE,
-                              common_pb2.REWARD_TYPE_NL_ASSERTION}
+        assert {t for t, c in comps.items() if json.loads(c.details_json)["in_basis"]} == {
+            common_pb2.REWARD_TYPE_DB, common_pb2.REWARD_TYPE_COMMUNICATE, common_pb2.REWARD_TYPE_NL_ASSERTION}
+        assert not json.loads(comps[common_pb2.REWARD_TYPE_ACTION].details_json)["in_basis"]  # ran, outside the basis
         nl = json.loads(comps[common_pb2.REWARD_TYPE_NL_ASSERTION].details_json)["nl_assertions"]
         assert nl == [{"nl_assertion": assertion, "met": True, "justification": "amounts were given"}]
         sent = endpoint.requests[-1]

@@ -9,6 +9,7 @@ simulation built from the native tau2 messages.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -57,7 +58,7 @@ def test_peer_check_equals_tau2_evaluate_simulation(name, retail_trajectories, r
     peer = tau2_reward_info(traj, retail_tasks[traj.task_id])
     assert ours.reward == peer.reward == EXPECTED[name]
     expected = {TYPE_NAMES[k.value]: v for k, v in (peer.reward_breakdown or {}).items()}
-    assert {c.type: c.reward for c in ours.components} == expected
+    assert {c.type: c.reward for c in ours.components if json.loads(c.details_json)["in_basis"]} == expected
     assert list(ours.reward_basis) == [TYPE_NAMES[t.value] for t in (peer.reward_basis or [])]
     if peer.reward_basis is None:  # premature: tau2's note, word for word
         assert ours.info == peer.info["note"]
@@ -77,7 +78,7 @@ def test_peer_check_mock_env_assertion_action_and_solo(case, mock_trajectories, 
     peer = tau2_reward_info(traj, mock_trajectories["tasks"][traj.task_id])
     assert ours == to_breakdown(peer)
     assert ours.reward == peer.reward == 1.0
-    assert {c.type for c in ours.components} == set(ours.reward_basis)
+    assert {c.type for c in ours.components if json.loads(c.details_json)["in_basis"]} == set(ours.reward_basis)
 
 
 def test_solo_mode_requests_are_checked(retail_trajectories, mock_trajectories, reward_client):
@@ -200,7 +201,7 @@ def test_score_batch_with_one_bad_item(retail_trajectories, reward_client):
     items = reward_client.score_batch([good, bad, wrong])
     assert len(items) == 3
     assert items[0].breakdown.reward == 1.0 and items[0].error == "" and items[0].error_code == 0
-    assert items[1].breakdown.reward == 0.0 and "unknown task 'nope'" in items[1].error
+    assert math.isnan(items[1].breakdown.reward) and "unknown task 'nope'" in items[1].error  # unscored, not 0
     assert items[1].error_code == grpc.StatusCode.NOT_FOUND.value[0]
     assert items[1].breakdown.info == items[1].error
     assert items[2].breakdown.reward == 0.0 and items[2].error == ""
