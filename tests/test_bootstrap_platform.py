@@ -89,3 +89,30 @@ def test_a_venv_made_with_another_python_is_named(tmp_path):
     r = _bootstrap("--check", env={"SINKFLEX_VENV": str(venv)})
     assert r.returncode == 1
     assert f"'{venv / 'bin' / 'python'}' is Python 3.12" in r.stderr and f"delete {venv} and run again" in r.stderr
+
+
+def test_torch_comes_from_the_cpu_index_where_it_answers_else_from_pips_index(tmp_path):
+    import functools
+    import http.server
+    import socket
+    import threading
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "index.html").write_text("<a href='torch-2.13.0+cpu.whl'>torch</a>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"  # an index whose torch/ page answers
+        r = _bootstrap("--torch-index", env={"SINKFLEX_TORCH_INDEX": url})
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == url
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    r = _bootstrap("--torch-index", env={"SINKFLEX_TORCH_INDEX": f"http://127.0.0.1:{closed}/whl/cpu"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "pip-default"
