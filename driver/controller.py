@@ -62,7 +62,6 @@ import random
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
