@@ -26,6 +26,7 @@ import json
 import math
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -323,3 +324,37 @@ def test_controller_async_k1_in_process(tmp_path, env_core, catalog, task_set):
     assert max(r["staleness_max"] for r in train if "staleness_max" in r) <= 1
     assert [(v["after"], v["policy_version"], v["mean_at_1"]) for v in read_validations(run_dir)] == \
         [("base", 0, 0.5), ("step 4", 4, 1.0)]
+
+
+def test_learner_clients_agree_in_process_and_over_grpc():
+    """The same servicer through `LocalLearnerClient` and, served on loopback, `GrpcLearnerClient`:
+    the same answers and the same ServiceError (UNAVAILABLE before anything is published)."""
+    from learner_service.client import GrpcLearnerClient, LocalLearnerClient
+    from learner_service.server import SERVICE_NAME, LearnerServicer
+    from sinkflex.api.learner.v1 import learner_pb2_grpc
+    from sinkflex.errors import ServiceError
+    from sinkflex.serving import ServiceServer
+
+    sink = ScriptedRollout(None, None, {})
+    runner = FakeRunner(sink, groups_per_step=1, run_dir=Path("/r"))
+    servicer = LearnerServicer(runner)
+    server = ServiceServer(port=0, service_names=[SERVICE_NAME])
+    learner_pb2_grpc.add_LearnerServiceServicer_to_server(servicer, server.server)
+    server.start()
+    server.set_serving()
+    try:
+        with GrpcLearnerClient(f"127.0.0.1:{server.port}", timeout=10, wait_ready=True) as remote:
+            local = LocalLearnerClient(servicer)
+            errors = []
+            for client in (local, remote):
+                with pytest.raises(ServiceError) as err:
+                    client.policy_version()
+                errors.append((err.value.code, err.value.message, err.value.retryable))
+            assert errors[0] == errors[1] and errors[0][2]
+            runner.put(common_pb2.TrajectoryGroup(group_id="g", trajectories=[common_pb2.Trajectory(reward=1.0)]))
+            assert local.policy_version() == remote.policy_version()
+            assert (remote.policy_version().policy_version, remote.policy_version().location) == (1, "/r/policy/v1")
+            assert local.status() == remote.status() and remote.status().groups_trained == 1
+            assert sink.updates == [(1, "/r/policy/v1")]  # the push to the rollout client
+    finally:
+        server.stop()
