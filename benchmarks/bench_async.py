@@ -95,7 +95,8 @@ def run_both(args, t_start: float) -> tuple[dict, dict]:
 
     import yaml
 
-    from driver.controller import Addresses, Controller
+    from driver.clients import Addresses, connect
+    from driver.controller import Controller
     from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
     from env_service.config import EnvServiceConfig
     from env_service.server import build_server as build_env
@@ -160,7 +161,7 @@ def run_both(args, t_start: float) -> tuple[dict, dict]:
         for name, k, steps in (("sync", 0, n), ("async", 1, 2 * n)):
             cfg = experiment(k, steps, work / name, model, args)
             runs[name] = cfg.run.dir()
-            ctl = Controller(cfg, addresses, alive_check=launcher.check_alive)
+            ctl = Controller(cfg, connect(addresses), alive_check=launcher.check_alive)
             error: list = []
 
             def go(ctl=ctl, error=error):

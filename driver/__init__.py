@@ -1,6 +1,7 @@
 """The driver: the layer above the services.
 
-The experiment config (`driver.config`), the training controller (`driver.controller`),
+The experiment config (`driver.config`), the services' clients (`driver.clients.connect`),
+the training controller (`driver.controller`),
 the local launcher of the embedded default (`driver.launcher`, `driver.local`) and the
 `sinkflex-rl` command line (`driver.cli`, one module per command group under
 `driver.commands`). `sinkflex-rl train -c CONFIG` runs rollouts → reward → Redis → GRPO →

@@ -49,9 +49,10 @@ does not, training fails at start with a ConfigError naming the env and the serv
 address, instead of learning from zeros. With task.reward: env the env's own terminal reward
 is the reward, and no reward service is asked.
 
-The controller owns no model and no tensor: it talks to services over gRPC only, so the
-same loop drives local processes and a cluster. The learner is the source of truth for
-the policy version; a re-run resumes from the learner's checkpoint.
+The controller owns no model and no tensor: it talks to the services through their clients
+only (`driver.clients.connect`: gRPC to local processes or a cluster, or in-process objects in
+tests), and every failure it handles is a `sinkflex.errors.ServiceError`. The learner is the
+source of truth for the policy version; a re-run resumes from the learner's checkpoint.
 """
 
 from __future__ import annotations
@@ -64,51 +65,48 @@ import random
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from tqdm.auto import tqdm
 
 from sinkflex.api.common.v1 import common_pb2
-from sinkflex.api.env.v1 import env_pb2, env_pb2_grpc
-from sinkflex.api.learner.v1 import learner_pb2, learner_pb2_grpc
-from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from sinkflex.api.learner.v1 import learner_pb2
+from sinkflex.api.rollout.v1 import rollout_pb2
 from sinkflex.config import ConfigError
 from sinkflex.errors import ServiceError
 from sinkflex.reporting import MetricsWriter, mean_ci, pass_hat_k
-from sinkflex.serving import make_channel
+from driver.clients import Addresses, ServiceClients
 from driver.config import TrainConfig
+
+__all__ = ["Addresses", "Controller", "ServiceClients", "paired_difference", "per_purpose", "read_validations",
+           "stratified_order", "validation_dir"]  # Addresses, ServiceClients: from driver.clients
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Addresses:
-    env: str
-    reward: str
-    """"": no reward service was launched (nothing uses it: task.reward env, or task.reward_address)."""
-    rollout: str
-    learner: str
+#: Deadlines (seconds) of the controller's calls: Status / PolicyVersion polls, and an UpdateWeights
+#: after a resume (a Rollout stream gets run.step_timeout_s).
+POLL_TIMEOUT_S = 30.0
+UPDATE_WEIGHTS_TIMEOUT_S = 600.0
 
 
 class Controller:
-    """Runs the training loop of `cfg` against services at `addresses`.
+    """Runs the training loop of `cfg` against the services behind `clients`.
 
     Args:
         cfg: the experiment.
-        addresses: where the services listen.
+        clients: the services' clients (`driver.clients.connect`, from addresses or in-process
+            objects); `clients.reward` is the reward service that scores task.env (when
+            task.reward_address is set: the one there). The controller closes them (`close`).
         alive_check: called while waiting; raises if a launched process died.
     """
 
-    def __init__(self, cfg: TrainConfig, addresses: Addresses, alive_check=lambda: None):
+    def __init__(self, cfg: TrainConfig, clients: ServiceClients, alive_check=lambda: None):
         self.cfg = cfg
         self.alive_check = alive_check
-        self.addresses = addresses
-        self._channels = {name: make_channel(addr) for name, addr in vars(addresses).items() if addr}
-        self.env = env_pb2_grpc.EnvServiceStub(self._channels["env"])
-        self.rollout = rollout_pb2_grpc.RolloutServiceStub(self._channels["rollout"])
-        self.learner = learner_pb2_grpc.LearnerServiceStub(self._channels["learner"])
+        self.clients = clients
+        self.env = clients.env
+        self.rollout = clients.rollout
+        self.learner = clients.learner
         self.metrics = MetricsWriter(cfg.run.dir())
         self._metrics_lock = threading.Lock()  # the producer thread writes trajectory records
         self.groups_published = 0
@@ -118,8 +116,7 @@ class Controller:
 
     def close(self) -> None:
         self.metrics.close()
-        for ch in self._channels.values():
-            ch.close()
+        self.clients.close()
 
     # -- tasks ---------------------------------------------------------------------------
     def train_tasks(self) -> list[str]:
@@ -127,7 +124,7 @@ class Controller:
         t = self.cfg.task
         listed: dict[str, str] = {}
         if not t.task_ids or t.order == "stratified":
-            listed = {x.task_id: x.description for x in self.env.ListTasks(env_pb2.ListTasksRequest(env=t.env, split=t.train_split)).tasks}
+            listed = {x.task_id: x.description for x in self.env.task_infos(t.env, t.train_split)}
         ids = list(t.task_ids or listed)
         if not ids:
             raise ValueError(f"no tasks in split {t.train_split!r} of env {t.env!r}")
@@ -140,7 +137,7 @@ class Controller:
         """The first validation.num_tasks tasks of the eval split (all when 0); remembers each one's
         description (τ²-Bench's ``Task.description.purpose``) for the per-purpose breakdown."""
         t, v = self.cfg.task, self.cfg.validation
-        listed = self.env.ListTasks(env_pb2.ListTasksRequest(env=t.env, split=t.eval_split)).tasks
+        listed = self.env.task_infos(t.env, t.eval_split)
         self._eval_purpose = {x.task_id: x.description for x in listed}
         ids = [x.task_id for x in listed]
         return ids[: v.num_tasks] if v.num_tasks else ids
@@ -150,42 +147,41 @@ class Controller:
         return [pool[(step * n + i) % len(pool)] for i in range(n)]
 
     # -- services ------------------------------------------------------------------------
-    def reward_address(self) -> str | None:
-        """The address of the reward service that scores task.env; None: the env's own reward."""
-        t = self.cfg.task
-        return None if t.reward == "env" else (t.reward_address or self.addresses.reward)
-
     def check_reward(self, task_ids: list[str]) -> None:
-        """Fails unless the reward service that scores task.env knows it and every task in `task_ids`.
+        """Fails unless the reward service that scores task.env (`clients.reward`) knows it and every
+        task in `task_ids`; with task.reward env nothing is asked.
 
         Raises:
-            ConfigError: naming the env, the task(s) and the reward service's address.
+            ConfigError: naming the env, the task(s) and the reward service's address (or that
+                none is connected).
         """
-        address = self.reward_address()
-        if address is None:
+        if self.cfg.task.reward == "env":
             return
-        from reward_service.client import GrpcRewardClient, unknown_message, unknown_tasks
+        from reward_service.client import unknown_message, unknown_tasks
 
-        env = self.cfg.task.env
-        with GrpcRewardClient(address, timeout=60) as client:
-            try:
-                unknown = unknown_tasks(client, env, list(dict.fromkeys(task_ids)), self.cfg.task.solo_mode)
-            except ServiceError as err:
-                raise ConfigError(f"env {env!r} is scored by the reward service at {address}, which did not answer "
-                                  f"({err.code.name}: {err.message})") from None
+        env, client = self.cfg.task.env, self.clients.reward
+        if client is None:
+            raise ConfigError(f"env {env!r} is scored by a reward service (task.reward: service), but no reward "
+                              "service is connected")
+        address = getattr(client, "address", "in-process")
+        try:
+            unknown = unknown_tasks(client, env, list(dict.fromkeys(task_ids)), self.cfg.task.solo_mode)
+        except ServiceError as err:
+            raise ConfigError(f"env {env!r} is scored by the reward service at {address}, which did not answer "
+                              f"({err.code.name}: {err.message})") from None
         if unknown:
             raise ConfigError(unknown_message(env, address, unknown))
 
     def learner_status(self) -> learner_pb2.StatusResponse:
-        return self.learner.Status(learner_pb2.StatusRequest(), timeout=30)
+        return self.learner.status(timeout=POLL_TIMEOUT_S)
 
     def sync_rollout_weights(self) -> None:
         """After a resume: make sure the rollout engine serves the learner's latest policy."""
-        latest = self.learner.PolicyVersion(learner_pb2.PolicyVersionRequest(), timeout=30)
-        engine = self.rollout.Status(rollout_pb2.StatusRequest(), timeout=30)
+        latest = self.learner.policy_version(timeout=POLL_TIMEOUT_S)
+        engine = self.rollout.status(timeout=POLL_TIMEOUT_S)
         if latest.policy_version > engine.policy_version and latest.location:
             log.info("rollout engine at v%d, learner at v%d: loading %s", engine.policy_version, latest.policy_version, latest.location)
-            self.rollout.UpdateWeights(rollout_pb2.UpdateWeightsRequest(policy_version=latest.policy_version, location=latest.location), timeout=600)
+            self.rollout.update_weights(latest.policy_version, latest.location, timeout=UPDATE_WEIGHTS_TIMEOUT_S)
 
     def wait_for_engine(self, version: int) -> None:
         """Blocks until the rollout engine serves policy `version` (the learner's UpdateWeights landed)."""
@@ -193,9 +189,9 @@ class Controller:
         while True:
             self.alive_check()
             try:
-                served = self.rollout.Status(rollout_pb2.StatusRequest(), timeout=30).policy_version
-            except grpc.RpcError as err:
-                if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                served = self.rollout.status(timeout=POLL_TIMEOUT_S).policy_version
+            except ServiceError as err:
+                if not err.retryable:
                     raise
                 served = -1
             if served >= version:
@@ -223,8 +219,8 @@ class Controller:
         )
         groups = []
         with tqdm(total=len(task_ids), desc=desc, unit="group", leave=False) as bar:
-            for resp in self.rollout.Rollout(request, timeout=self.cfg.run.step_timeout_s):
-                groups.append(resp.group)
+            for group in self.rollout.rollout(request, timeout=self.cfg.run.step_timeout_s):
+                groups.append(group)
                 bar.update(1)
         if len(groups) != len(task_ids):
             raise RuntimeError(f"{desc}: asked for {len(task_ids)} groups, got {len(groups)}")
@@ -233,11 +229,11 @@ class Controller:
     def published_version(self) -> int:
         """The learner's latest published (durable) policy version; -1 while it has none or does not answer."""
         try:
-            return self.learner.PolicyVersion(learner_pb2.PolicyVersionRequest(), timeout=30).policy_version
-        except grpc.RpcError as err:
+            return self.learner.policy_version(timeout=POLL_TIMEOUT_S).policy_version
+        except ServiceError as err:
             # UNAVAILABLE: nothing published yet (warm start) or restarting; a busy learner may answer late;
             # a dead one is caught by alive_check
-            if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            if not err.retryable:
                 raise
             return -1
 
@@ -257,8 +253,8 @@ class Controller:
                 try:
                     st = self.learner_status()
                     where = f"at v{st.policy_version}, {st.groups_trained} groups trained, v{published} published"
-                except grpc.RpcError as err:
-                    where = f"Status: {err.code().name}"
+                except ServiceError as err:
+                    where = f"Status: {err.code.name}"
                 raise TimeoutError(f"learner did not publish policy version {version} within "
                                    f"{self.cfg.run.step_timeout_s:.0f}s ({where})")
             time.sleep(0.5)
@@ -266,16 +262,15 @@ class Controller:
         while True:
             try:
                 return self.learner_status()
-            except grpc.RpcError as err:
-                if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE) or \
-                        time.monotonic() > deadline:
+            except ServiceError as err:
+                if not err.retryable or time.monotonic() > deadline:
                     raise
                 self.alive_check()
                 time.sleep(0.5)
 
     def engine_usage(self) -> tuple[float, float]:
         """(busy, uptime) seconds of the rollout engine (its Status metrics)."""
-        m = self.rollout.Status(rollout_pb2.StatusRequest(), timeout=30).metrics
+        m = self.rollout.status(timeout=POLL_TIMEOUT_S).metrics
         return m.get("engine_busy_seconds", 0.0), m.get("engine_uptime_seconds", 0.0)
 
     # -- the loop ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_mod
 from sinkflex.models import resolve_model
 from driver.config import TrainConfig, service_configs
 from sinkflex.config import ConfigError
-from driver.controller import Addresses
+from driver.clients import Addresses
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,8 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
     log.info("warm start: %d demonstrations written to %s (%d dropped below reward 1.0)", n, out, len(demos.dropped))
 
 
-def connect(cfg: TrainConfig) -> Addresses:
+def external_addresses(cfg: TrainConfig) -> Addresses:
+    """The addresses of services that run already (services.*, all set: `ServicesConfig.external`);
+    `driver.clients.connect` makes the clients."""
     s = cfg.services
     return Addresses(env=s.env_address, reward=s.reward_address, rollout=s.rollout_address, learner=s.learner_address)

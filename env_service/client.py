@@ -28,6 +28,12 @@ class EnvClient(Protocol):
 
     def list_tasks(self, env: str, split: str = "") -> list[str]: ...
 
+    def task_infos(self, env: str, split: str = "") -> list[env_pb2.TaskInfo]:
+        """The tasks of `split` of `env` (all splits when empty) with their descriptions
+        (τ²-Bench's ``Task.description.purpose``), in the server's order. Raises ServiceError
+        NOT_FOUND for an unknown env or split."""
+        ...
+
     def reset(self, request: env_pb2.ResetRequest) -> env_pb2.ResetResponse: ...
 
     def step(self, request: env_pb2.StepRequest) -> env_pb2.StepResponse: ...
@@ -52,6 +58,9 @@ class LocalEnvClient:
 
     def list_tasks(self, env: str, split: str = "") -> list[str]:
         return [t.task_id for t in self.core.list_tasks(env, split)]
+
+    def task_infos(self, env: str, split: str = "") -> list[env_pb2.TaskInfo]:
+        return list(self.core.list_tasks(env, split))
 
     def reset(self, request: env_pb2.ResetRequest) -> env_pb2.ResetResponse:
         return self.core.reset(request)
@@ -90,6 +99,10 @@ class GrpcEnvClient:
     def list_tasks(self, env: str, split: str = "") -> list[str]:
         resp = self.stub.ListTasks(env_pb2.ListTasksRequest(env=env, split=split), timeout=self.timeout)
         return [t.task_id for t in resp.tasks]
+
+    @raise_as_service_error
+    def task_infos(self, env: str, split: str = "") -> list[env_pb2.TaskInfo]:
+        return list(self.stub.ListTasks(env_pb2.ListTasksRequest(env=env, split=split), timeout=self.timeout).tasks)
 
     @raise_as_service_error
     def reset(self, request: env_pb2.ResetRequest) -> env_pb2.ResetResponse:

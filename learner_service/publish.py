@@ -104,20 +104,15 @@ def _prune(root: Path, keep: int, protect: int = 0) -> None:
 
 
 def _update_weights(address: str, version: int, location: str, timeout_s: float) -> Published:
-    from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+    """RolloutService.UpdateWeights through the rollout client (`rollout_service.client`); a failure
+    is logged and returned in `Published.update_error`, never raised."""
+    from rollout_service.client import GrpcRolloutClient
     from sinkflex.errors import ServiceError
-    from sinkflex.serving import make_channel
 
-    import grpc
-
-    with make_channel(address) as channel:
-        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+    with GrpcRolloutClient(address, timeout=timeout_s) as client:
         try:
-            resp = stub.UpdateWeights(
-                rollout_pb2.UpdateWeightsRequest(policy_version=version, location=location), timeout=timeout_s
-            )
-        except grpc.RpcError as err:
-            e = ServiceError.from_rpc_error(err)
+            resp = client.update_weights(version, location)
+        except ServiceError as e:
             log.warning("UpdateWeights(v%d) at %s failed: %s", version, address, e)
             return Published(version, location, update_error=str(e))
     return Published(version, location, load_seconds=resp.load_seconds)

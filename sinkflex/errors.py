@@ -24,6 +24,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 MAX_MESSAGE_BYTES = 1024
 #: Longest quote of a request value in a message (characters, before repr escaping).
 MAX_QUOTE_CHARS = 120
+#: Status codes of a service that is busy, starting or restarting: worth asking again (`ServiceError.retryable`).
+RETRYABLE_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
 
 
 def safe_text(text: str) -> str:
@@ -63,6 +65,12 @@ class ServiceError(Exception):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+
+    @property
+    def retryable(self) -> bool:
+        """The service did not answer in time or is not serving (yet): DEADLINE_EXCEEDED or
+        UNAVAILABLE, the codes a caller that waits for a service retries (`RETRYABLE_CODES`)."""
+        return self.code in RETRYABLE_CODES
 
     @classmethod
     def from_rpc_error(cls, err: grpc.RpcError) -> "ServiceError":

@@ -236,14 +236,15 @@ def test_unknown_env_fails_before_anything_is_sampled(make_worker, bookshop_env,
 
 
 def test_controller_fails_at_start_naming_env_and_reward_service(bookshop_env, reward_address, tmp_path):
-    from driver.controller import Addresses, Controller
+    from driver.clients import Addresses, connect
+    from driver.controller import Controller
     from driver.launcher import free_port
 
     dead = f"127.0.0.1:{free_port()}"  # no rollout service, no learner: the check comes before either is asked
     base = {"run": {"output_dir": str(tmp_path / "run")}, "models": {"user_simulator": None},
             "services": {"env_address": bookshop_env}}
     cfg = validate_config({**base, "task": {"env": "bookshop", "solo_mode": True}}, TrainConfig)  # reward: service
-    ctl = Controller(cfg, Addresses(env=bookshop_env, reward=reward_address, rollout=dead, learner=dead))
+    ctl = Controller(cfg, connect(Addresses(env=bookshop_env, reward=reward_address, rollout=dead, learner=dead)))
     try:
         with pytest.raises(ConfigError) as err:
             ctl.run()
@@ -254,7 +255,7 @@ def test_controller_fails_at_start_naming_env_and_reward_service(bookshop_env, r
 
     # the env's own reward: no reward service is asked (there is none)
     cfg = validate_config({**base, "task": {"env": "bookshop", "solo_mode": True, "reward": "env"}}, TrainConfig)
-    ctl = Controller(cfg, Addresses(env=bookshop_env, reward="", rollout=dead, learner=dead))
+    ctl = Controller(cfg, connect(Addresses(env=bookshop_env, reward="", rollout=dead, learner=dead)))
     try:
         ctl.check_reward(ctl.train_tasks())
     finally:
@@ -263,7 +264,7 @@ def test_controller_fails_at_start_naming_env_and_reward_service(bookshop_env, r
     # a τ²-Bench domain and its reward service: fine; a reward service that does not answer: named
     cfg = validate_config({**base, "task": {"env": "mock", "solo_mode": True, "task_ids": ["create_task_1"]}}, TrainConfig)
     for reward, ok in ((reward_address, True), (dead, False)):
-        ctl = Controller(cfg, Addresses(env=bookshop_env, reward=reward, rollout=dead, learner=dead))
+        ctl = Controller(cfg, connect(Addresses(env=bookshop_env, reward=reward, rollout=dead, learner=dead)))
         try:
             if ok:
                 ctl.check_reward(ctl.train_tasks())

@@ -144,6 +144,7 @@ def _experiment(run_dir: Path, policy: Path, env_address: str, env: str, task: s
 
 def test_train_on_both_plugged_envs_with_their_own_rewards(tmp_path, smollm2_dir, proxy, monkeypatch):
     from driver.config import TrainConfig
+    from driver.clients import connect
     from driver.controller import Controller
     from driver.launcher import LocalLauncher
     from driver.local import launch_local
@@ -158,7 +159,7 @@ def test_train_on_both_plugged_envs_with_their_own_rewards(tmp_path, smollm2_dir
         assert addresses.reward == "" and addresses.env == proxy.address
         assert {p.name for p in launcher.processes} == {"rollout", "learner"}  # no env, reward or user-sim service
         for cfg in (bookshop, clinic):
-            controller = Controller(cfg, addresses, alive_check=launcher.check_alive)
+            controller = Controller(cfg, connect(addresses), alive_check=launcher.check_alive)
             try:
                 controller.run()
             finally:

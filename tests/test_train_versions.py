@@ -131,15 +131,16 @@ class Stack:
         except BaseException:
             self.close()
             raise
-        from driver.controller import Addresses
+        from driver.clients import Addresses
 
         self.addresses = Addresses(env=env_address, reward=reward_address, rollout=self.rollout_address,
                                    learner=self.learner_address)
 
     def train(self) -> int:
+        from driver.clients import connect
         from driver.controller import Controller
 
-        controller = Controller(self.cfg, self.addresses, alive_check=self.launcher.check_alive)
+        controller = Controller(self.cfg, connect(self.addresses), alive_check=self.launcher.check_alive)
         try:
             return controller.run()
         finally:
@@ -273,9 +274,10 @@ def test_async_k1_never_trains_a_group_older_than_k(tmp_path, smollm2_dir, engin
         result: dict = {}
         runner = threading.Thread(target=lambda: result.update(version=stack.train()), daemon=True)
         runner.start()
+        from driver.clients import connect
         from driver.controller import Controller
 
-        probe = Controller(stack.cfg, stack.addresses)
+        probe = Controller(stack.cfg, connect(stack.addresses))
         try:
             while probe.published_version() < 2:
                 assert runner.is_alive(), "training ended before version 2"

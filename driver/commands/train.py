@@ -43,8 +43,9 @@ def train(
     from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
     from sinkflex.tracking import open_trackers
     from driver.config import load_train_config
+    from driver.clients import connect
     from driver.controller import Controller, paired_difference, read_validations
-    from driver.local import connect, launch_local
+    from driver.local import external_addresses, launch_local
 
     console = Console()
     try:
@@ -73,7 +74,7 @@ def train(
         raise typer.Exit(1) from None
     with LocalLauncher(run_dir) as launcher:
         try:
-            addresses = connect(cfg) if cfg.services.external() else launch_local(cfg, launcher)
+            addresses = external_addresses(cfg) if cfg.services.external() else launch_local(cfg, launcher)
         except BaseException as err:
             for tracker in trackers:
                 tracker.close()
@@ -81,7 +82,9 @@ def train(
                 console.print(f"[red]{err}[/red]")
                 raise typer.Exit(2) from None
             raise
-        controller = Controller(cfg, addresses, alive_check=launcher.check_alive)
+        # task.reward_address: the reward service that scores task.env, not the experiment's
+        controller = Controller(cfg, connect(addresses, reward=cfg.task.reward_address),
+                                alive_check=launcher.check_alive)
         controller.metrics.add_trackers(trackers)
         try:
             version = controller.run()
