@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from collections.abc import Sequence
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
@@ -187,7 +187,22 @@ class LocalConfig(StrictModel):
     """The embedded default's local processes."""
 
     learner_procs: int = Field(1, ge=1)
-    """torchrun --nproc_per_node of the learner (FSDP2 over gloo on CPU)."""
+    """torchrun --nproc_per_node of the learner (FSDP2 over gloo on CPU). On GPUs it is the
+    learner's GPU count (`driver.placement`): leave it out, or set it to that count."""
+    gpus: Optional[list[Union[int, str]]] = None
+    """CUDA device ids the run may use (None: all visible, CUDA_VISIBLE_DEVICES or nvidia-smi;
+    []: none, GPUs hidden from every process). No GPU visible and None: the CPU run."""
+    engine_gpus: int = Field(1, ge=1)
+    """GPUs of the rollout engine, the first of `gpus` (vLLM tensor_parallel_size); the learner
+    gets the GPUs left after the engine and the user simulator."""
+    user_sim_gpus: int = Field(1, ge=1)
+    """GPUs of the user-simulator model server (when one is launched), after the engine's."""
+    share_gpus: bool = False
+    """Engine / user simulator and learner on the same GPUs (e.g. one GPU): the learner takes
+    all of `gpus`, the vLLM processes start with `shared_gpu_memory_utilization`."""
+    shared_gpu_memory_utilization: float = Field(0.3, gt=0, lt=1)
+    """vLLM's gpu_memory_utilization with `share_gpus` (its start-up check of free memory; the
+    KV cache is sized by kv_cache_gib / user_sim_kv_cache_gib either way)."""
     user_sim_kv_cache_gib: float = Field(1.0, gt=0)
     ready_timeout_s: float = Field(600.0, gt=0)
     learner_stop_grace_s: float = Field(600.0, gt=0)
@@ -266,6 +281,10 @@ class TrainConfig(StrictModel):
         if (self.task.solo_mode is False and self.models.user_simulator is None and not self.services.external()
                 and not self.services.env_only()):
             raise ValueError("models.user_simulator is required unless task.solo_mode is true")
+        if self.local.gpus is not None:  # the listed GPUs' split, before anything starts (visibility: at launch)
+            from driver.placement import place
+
+            place(self.local, visible=[str(g) for g in self.local.gpus], user_sim=self.launches_user_sim())
         if self.task.reward_address and self.task.reward != "service":
             raise ValueError("task.reward_address is set, but task.reward is 'env' (the env's own reward needs no reward service)")
         route = (self.rollout_service.get("envs") or {}).get(self.task.env)
@@ -276,6 +295,11 @@ class TrainConfig(StrictModel):
                     raise ValueError(f"rollout_service.envs.{self.task.env}.{key} ({route[key]!r}) must equal task.{key} "
                                      f"({value!r}): set it in the task section")
         return self
+
+    def launches_user_sim(self) -> bool:
+        """The local launch starts a user-simulator model server (not solo, models.user_simulator
+        set, no running env server)."""
+        return bool(not self.task.solo_mode and self.models.user_simulator and not self.services.env_only())
 
     def uses_local_reward_service(self) -> bool:
         """The local launch needs τ²-Bench's reward service: task.env is scored by it, or the warm

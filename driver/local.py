@@ -13,6 +13,11 @@ With only `services.env_address` set (an env server that runs already, e.g. one 
 over gRPC from examples/), no env service and no user-simulator model are launched; the
 reward service is launched only when something uses it (`TrainConfig.uses_local_reward_service`:
 task.reward service without task.reward_address, or a warm start).
+
+GPUs (`driver.placement.place`, from the `local` section and the visible devices): each
+process gets its CUDA_VISIBLE_DEVICES (env and reward none), the learner one torchrun rank
+per GPU of its share, the engine tensor parallelism over its share. With no GPU visible
+(the embedded default) every command and environment is the CPU one.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
+from driver.placement import Placement, place, visible_gpus
 from sinkflex.models import resolve_model
 from driver.config import TrainConfig, service_configs
 from sinkflex.config import ConfigError
@@ -55,10 +61,41 @@ def _model(cfg: TrainConfig, field: str) -> str:
         raise ConfigError(f"models.{field}: {err}") from None
 
 
-def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
-    """Starts every service for `cfg` under `launcher`; returns their addresses."""
+def placement_for(cfg: TrainConfig, visible: list[str] | None = None) -> Placement:
+    """The GPU placement of `cfg`'s local processes on `visible` (default: `visible_gpus()`).
+
+    Raises:
+        ConfigError: the split does not fit (driver.placement), or rollout_service.engine.tensor_parallel_size
+            disagrees with local.engine_gpus.
+    """
+    p = place(cfg.local, visible_gpus() if visible is None else visible, user_sim=cfg.launches_user_sim())
+    tp = (cfg.rollout_service.get("engine") or {}).get("tensor_parallel_size")
+    if p.on_gpus and tp is not None and tp != p.engine_tp:
+        raise ConfigError(f"rollout_service.engine.tensor_parallel_size ({tp}) disagrees with local.engine_gpus "
+                          f"({p.engine_tp}): set local.engine_gpus only")
+    return p
+
+
+def _on_gpus(config, placement: Placement):
+    """The rollout service's config with the engine's share of the GPUs (unchanged on CPU)."""
+    if not placement.on_gpus:
+        return config
+    engine = config.engine.model_copy(update={"tensor_parallel_size": placement.engine_tp,
+                                              "gpu_memory_utilization": placement.gpu_memory_utilization})
+    return config.model_copy(update={"engine": engine})
+
+
+def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] | None = None) -> Addresses:
+    """Starts every service for `cfg` under `launcher`; returns their addresses.
+
+    Args:
+        visible: the CUDA device ids to place the processes on (default: `visible_gpus()`).
+    """
     from sinkflex.buffer import embedded_redis_url
 
+    placement = placement_for(cfg, visible)  # before anything starts
+    if placement.on_gpus:
+        log.info("GPU placement: %s; learner --nproc_per_node=%d", placement.cuda_visible_devices, placement.learner_nproc)
     run_dir = cfg.run.dir()
     redis_url = cfg.services.redis_url or os.environ.get("REDIS_URL") or embedded_redis_url(path=str(run_dir / "redis" / "buffer.db"))
     policy = _model(cfg, "policy")
@@ -73,23 +110,30 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
     task_files = prepare_task_files(cfg)
     specs = []
     user_base_url = None
-    if not cfg.task.solo_mode and cfg.models.user_simulator and not env_running:
+    if cfg.launches_user_sim():
         user_model = _model(cfg, "user_simulator")
         user_base_url = f"http://127.0.0.1:{ports['user_sim']}/v1"
+        gpu_args = []
+        if placement.on_gpus:
+            gpu_args = ["--tensor-parallel-size", str(placement.user_sim_tp)]
+            if placement.gpu_memory_utilization is not None:
+                gpu_args += ["--gpu-memory-utilization", str(placement.gpu_memory_utilization)]
         specs.append(ManagedProcess(
             "user_sim",
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", user_model,
              "--served-model-name", "user-sim", "--host", "127.0.0.1", "--port", str(ports["user_sim"]),
              "--kv-cache-memory-bytes", str(int(cfg.local.user_sim_kv_cache_gib * (1 << 30))),
-             "--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed)],
+             "--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed), *gpu_args],
             health=f"http:{user_base_url}/models",
             # vLLM CPU binds its OpenMP threads to core 0 by default; the policy engine keeps
             # it, the user simulator takes the last core
-            env={"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1))},
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1)), **placement.env("user_sim")},
         ))
     demos = demonstrations_path(run_dir) if cfg.warm_start.enabled else None
     configs = service_configs(cfg, policy, addresses, redis_url, user_base_url, task_files=task_files,
                               demonstrations=str(demos) if demos else None)
+    if "rollout_service" in configs:
+        configs["rollout_service"] = _on_gpus(configs["rollout_service"], placement)
     paths = {name: _write(run_dir, name, c) for name, c in configs.items()}
     common_env = {"REDIS_URL": redis_url}
     for name, module, section, extra in [
@@ -100,15 +144,15 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher) -> Addresses:
         if section not in paths:  # a running env server; no reward service needed
             continue
         specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
-                                    health=HEALTH[name], address=addresses[name], env=common_env))
+                                    health=HEALTH[name], address=addresses[name], env={**common_env, **placement.env(name)}))
     # env, reward and the engine load in parallel (the engine is the slow one)
     launcher.start_all(specs, ready_timeout=cfg.local.ready_timeout_s)
     if demos is not None and not demos.exists() and not _learner_started(run_dir):
         write_demonstrations_for(cfg, policy, addresses, task_files, demos)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.local.learner_procs}"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={placement.learner_nproc}"]
     learner = (ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner"]),
                                             "--port", str(ports["learner"]), "--no-metrics"],
-                                health=HEALTH["learner"], address=addresses["learner"], env=common_env,
+                                health=HEALTH["learner"], address=addresses["learner"], env={**common_env, **placement.env("learner")},
                                 stop_grace_s=cfg.local.learner_stop_grace_s))
     launcher.start_all([learner], ready_timeout=cfg.local.ready_timeout_s)
     return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner=addresses["learner"])

@@ -33,6 +33,14 @@ class EngineConfig(StrictModel):
     enforce_eager: bool = True
     """No graph capture (faster start on CPU)."""
 
+    tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM tensor parallel size (GPUs of the engine; the local launcher sets it from
+    local.engine_gpus)."""
+
+    gpu_memory_utilization: Optional[float] = Field(None, gt=0, lt=1)
+    """vLLM's gpu_memory_utilization on CUDA (None: vLLM's default); the local launcher sets it
+    when the engine shares its GPUs with the learner (local.share_gpus)."""
+
     policy_version: int = Field(0, ge=0)
     """Policy version of the weights in `model`."""
 

@@ -102,6 +102,8 @@ class Engine:
         policy_version: version of the weights in `model`.
         enforce_eager: no graph capture/compilation (faster start on CPU).
         seed: engine seed.
+        tensor_parallel_size: GPUs the engine shards the model over (CUDA).
+        gpu_memory_utilization: vLLM's start-up memory fraction on CUDA (None: its default).
 
     Raises:
         RuntimeError: the engine process failed to start.
@@ -109,7 +111,8 @@ class Engine:
 
     def __init__(self, model: str | Path, dtype: str = "auto", max_model_len: int = 8192,
                  kv_cache_gib: float = 1.0, policy_version: int = 0, enforce_eager: bool = True,
-                 seed: int = 0, enable_prefix_caching: bool = True):
+                 seed: int = 0, enable_prefix_caching: bool = True, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float | None = None):
         self.model = str(model)
         self.policy_version = policy_version
         self.max_model_len = max_model_len
@@ -132,6 +135,10 @@ class Engine:
             # is prefilled in chunks; whole-prompt prefill avoids the code path.
             enable_chunked_prefill=False, max_num_batched_tokens=max_model_len,
         )
+        if tensor_parallel_size != 1:  # GPUs (driver.placement); the CPU engine's arguments stay as they were
+            self._engine_kwargs["tensor_parallel_size"] = tensor_parallel_size
+        if gpu_memory_utilization is not None:
+            self._engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         t0 = time.perf_counter()
         self.llm = self.run(self._start())
         self.load_seconds = time.perf_counter() - t0

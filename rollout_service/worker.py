@@ -61,7 +61,9 @@ class RolloutWorker:
         self.config = config
         self.engine = engine or Engine(config.engine.model, dtype=config.engine.dtype, max_model_len=config.engine.max_model_len,
                                        kv_cache_gib=config.engine.kv_cache_gib, policy_version=config.engine.policy_version,
-                                       enforce_eager=config.engine.enforce_eager, seed=config.engine.seed)
+                                       enforce_eager=config.engine.enforce_eager, seed=config.engine.seed,
+                                       tensor_parallel_size=config.engine.tensor_parallel_size,
+                                       gpu_memory_utilization=config.engine.gpu_memory_utilization)
         self.tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
         self.user_sim = None
         if config.user_sim_port is not None:
