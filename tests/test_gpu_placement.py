@@ -1,0 +1,271 @@
+"""GPU placement of the local launcher (driver/placement.py, README "On a GPU box"), all on CPU:
+the split on several layouts, the refusals by name, each launched process's CUDA_VISIBLE_DEVICES
+and torchrun --nproc_per_node, the CPU default unchanged, and scripts/bootstrap-gpu.sh exiting 1
+before installing anything on a machine without an NVIDIA GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from driver.config import LocalConfig, load_train_config
+from driver.placement import Placement, place, visible_gpus
+from sinkflex.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+EIGHT = [str(i) for i in range(8)]
+
+
+# -- the pure function -----------------------------------------------------------------------
+def test_eight_gpus_engine_two_learner_six():
+    p = place(LocalConfig(engine_gpus=2), EIGHT)
+    assert p.cuda_visible_devices == {"env": "", "reward": "", "rollout": "0,1", "learner": "2,3,4,5,6,7"}
+    assert (p.learner_nproc, p.engine_tp, p.user_sim_tp, p.gpu_memory_utilization) == (6, 2, 0, None)
+    assert p.env("env") == {"CUDA_VISIBLE_DEVICES": ""} and p.env("learner") == {"CUDA_VISIBLE_DEVICES": "2,3,4,5,6,7"}
+
+
+def test_eight_gpus_with_a_user_simulator_and_learner_procs_that_agree():
+    p = place(LocalConfig(engine_gpus=1, user_sim_gpus=1, learner_procs=6), EIGHT, user_sim=True)
+    assert p.cuda_visible_devices == {"env": "", "reward": "", "rollout": "0", "user_sim": "1", "learner": "2,3,4,5,6,7"}
+    assert (p.learner_nproc, p.engine_tp, p.user_sim_tp) == (6, 1, 1)
+
+
+def test_listed_gpus_in_their_order_and_uuids():
+    p = place(LocalConfig(gpus=[6, 7, 3]), EIGHT)
+    assert p.cuda_visible_devices["rollout"] == "6" and p.cuda_visible_devices["learner"] == "7,3"
+    uuids = ["GPU-aaa", "GPU-bbb"]
+    assert place(LocalConfig(), uuids).cuda_visible_devices["learner"] == "GPU-bbb"
+
+
+def test_one_gpu_is_shared_only_when_asked():
+    with pytest.raises(ConfigError, match=r"the learner would get 0 GPUs: 1 visible GPU\(s\) \['0'\], all taken by "
+                                          r"local.engine_gpus 1; .*local.share_gpus: true"):
+        place(LocalConfig(), ["0"])
+    p = place(LocalConfig(share_gpus=True), ["0"], user_sim=True)
+    assert p.cuda_visible_devices == {"env": "", "reward": "", "rollout": "0", "user_sim": "0", "learner": "0"}
+    assert (p.learner_nproc, p.engine_tp, p.user_sim_tp, p.gpu_memory_utilization) == (1, 1, 1, 0.3)
+    p = place(LocalConfig(share_gpus=True, engine_gpus=2, shared_gpu_memory_utilization=0.25), ["0", "1"])
+    assert p.cuda_visible_devices["rollout"] == "0,1" and p.learner_nproc == 2 and p.gpu_memory_utilization == 0.25
+
+
+@pytest.mark.parametrize("local, visible, user_sim, message", [
+    (dict(engine_gpus=9), EIGHT, False, r"local.engine_gpus 9 = 9 GPU\(s\) asked, but the run has 8 \(8 visible GPU"),
+    (dict(engine_gpus=4, user_sim_gpus=5), EIGHT, True,
+     r"local.engine_gpus 4 \+ local.user_sim_gpus 5 = 9 GPU\(s\) asked, but the run has 8"),
+    (dict(engine_gpus=3, share_gpus=True), ["0", "1"], False,
+     r"local.engine_gpus 3 with local.share_gpus: 3 GPU\(s\) asked, but the run has 2"),
+    (dict(gpus=[0, 1, 8]), EIGHT, False, r"local.gpus asks for 3 GPU\(s\) \['0', '1', '8'\], but \['8'\] not visible "
+                                         r"\(8 visible"),
+    (dict(gpus=[0]), [], False, r"local.gpus asks for 1 GPU\(s\) \['0'\], but \['0'\] not visible \(0 visible: \[\]"),
+    (dict(gpus=[1, 1, 2]), EIGHT, False, r"local.gpus lists \['1'\] more than once"),
+    (dict(engine_gpus=1, user_sim_gpus=1), ["0", "1"], True, r"the learner would get 0 GPUs: 2 visible GPU\(s\) "
+                                                             r"\['0', '1'\], all taken by local.engine_gpus 1 \+ "
+                                                             r"local.user_sim_gpus 1"),
+    (dict(learner_procs=8), EIGHT, True, r"local.learner_procs \(8\) disagrees with the GPU split: 8 GPU\(s\) - "
+                                         r"local.engine_gpus 1 \+ local.user_sim_gpus 1 = 6 learner GPU\(s\).*"
+                                         r"set local.learner_procs: 6"),
+    (dict(learner_procs=1, share_gpus=True), ["0", "1"], False, r"local.learner_procs \(1\) disagrees .*2 GPU\(s\) "
+                                                                r"shared by all"),
+])
+def test_refusals_name_the_fields_and_numbers(local, visible, user_sim, message):
+    with pytest.raises(ConfigError, match=message):
+        place(LocalConfig(**local), visible, user_sim=user_sim)
+
+
+def test_cpu_is_no_placement_and_gpus_empty_hides_them():
+    assert place(LocalConfig(), []) == Placement(learner_nproc=1)
+    assert place(LocalConfig(learner_procs=3, engine_gpus=4), [], user_sim=True) == Placement(learner_nproc=3)
+    assert place(LocalConfig(), []).env("learner") == {}
+    hidden = place(LocalConfig(gpus=[], learner_procs=2), EIGHT)
+    assert not hidden.on_gpus and hidden.learner_nproc == 2
+    assert {p: hidden.env(p) for p in ("env", "rollout", "learner")} == {p: {"CUDA_VISIBLE_DEVICES": ""}
+                                                                         for p in ("env", "rollout", "learner")}
+
+
+def test_visible_gpus(tmp_path):
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 5"}) == ["2", "5"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == [] and visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    assert visible_gpus({"PATH": str(tmp_path)}, nvidia_smi=None) == [] or os.environ.get("CUDA_VISIBLE_DEVICES")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '0\\n1\\n'\n")
+    smi.chmod(0o755)
+    assert visible_gpus({}, nvidia_smi=str(smi)) == ["0", "1"]
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2; exit 9\n")
+    assert visible_gpus({}, nvidia_smi=str(smi)) == []
+
+
+def test_config_time_refusal_and_the_gpt_oss_config():
+    cfg = load_train_config(ROOT / "configs" / "gpt-oss-20b.yaml")
+    p = place(cfg.local, EIGHT, user_sim=cfg.launches_user_sim())
+    assert p.cuda_visible_devices == {"env": "", "reward": "", "rollout": "0", "user_sim": "1", "learner": "2,3,4,5,6,7"}
+    assert p.learner_nproc == cfg.local.learner_procs == 6
+    with pytest.raises(ConfigError, match=r"local.learner_procs \(8\) disagrees with the GPU split"):
+        load_train_config(ROOT / "configs" / "gpt-oss-20b.yaml", ["local.learner_procs=8"])
+    with pytest.raises(ConfigError, match=r"local.engine_gpus 8 \+ local.user_sim_gpus 1 = 9 GPU\(s\) asked"):
+        load_train_config(ROOT / "configs" / "gpt-oss-20b.yaml", ["local.engine_gpus=8", "local.learner_procs=1"])
+
+
+# -- the launcher's processes -----------------------------------------------------------------
+class RecordingLauncher:
+    """Records the specs launch_local starts, starts nothing."""
+
+    def __init__(self):
+        self.specs = []
+
+    def start_all(self, specs, ready_timeout=0.0):
+        self.specs.extend(specs)
+        return specs
+
+
+def _launch(monkeypatch, tmp_path, config, overrides=(), visible=None):
+    import driver.local as local
+
+    monkeypatch.setattr(local, "resolve_model", lambda name, hub=None: str(tmp_path / "model"))
+    monkeypatch.setattr(local, "prepare_task_files", lambda cfg: [])
+    monkeypatch.setattr(local, "write_demonstrations_for", lambda *a, **k: None)
+    cfg = load_train_config(ROOT / "configs" / config, [f"run.output_dir={tmp_path / 'run'}",
+                                                        "services.redis_url=redis://127.0.0.1:1/0", *overrides])
+    launcher = RecordingLauncher()
+    local.launch_local(cfg, launcher, visible=visible)
+    specs = {s.name: s for s in launcher.specs}
+    rollout = yaml.safe_load((cfg.run.dir() / "configs" / "rollout_service.yaml").read_text())
+    return cfg, specs, rollout
+
+
+def _nproc(spec) -> str:
+    return next(a for a in spec.argv if a.startswith("--nproc_per_node="))
+
+
+def test_launcher_env_for_each_process_on_eight_gpus(monkeypatch, tmp_path):
+    _, specs, rollout = _launch(monkeypatch, tmp_path, "retail.yaml", ["local.engine_gpus=2"], visible=EIGHT)
+    cvd = {name: s.env.get("CUDA_VISIBLE_DEVICES") for name, s in specs.items()}
+    assert cvd == {"env": "", "reward": "", "user_sim": "2", "rollout": "0,1", "learner": "3,4,5,6,7"}
+    assert all(s.env.get("REDIS_URL") == "redis://127.0.0.1:1/0" for n, s in specs.items() if n != "user_sim")
+    assert _nproc(specs["learner"]) == "--nproc_per_node=5"
+    assert rollout["engine"]["tensor_parallel_size"] == 2 and rollout["engine"]["gpu_memory_utilization"] is None
+    assert specs["user_sim"].argv[-2:] == ["--tensor-parallel-size", "1"]
+
+
+def test_launcher_on_one_shared_gpu(monkeypatch, tmp_path):
+    _, specs, rollout = _launch(monkeypatch, tmp_path, "demo.yaml", ["local.share_gpus=true"], visible=["0"])
+    assert {n: s.env.get("CUDA_VISIBLE_DEVICES") for n, s in specs.items()} == {"env": "", "reward": "", "rollout": "0",
+                                                                                  "learner": "0"}
+    assert _nproc(specs["learner"]) == "--nproc_per_node=1"
+    assert rollout["engine"]["tensor_parallel_size"] == 1 and rollout["engine"]["gpu_memory_utilization"] == 0.3
+
+
+def test_launcher_refuses_before_starting_anything(monkeypatch, tmp_path):
+    import driver.local as local
+
+    launcher = RecordingLauncher()
+    cfg = load_train_config(ROOT / "configs" / "demo.yaml", [f"run.output_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match="the learner would get 0 GPUs"):
+        local.launch_local(cfg, launcher, visible=["0"])
+    cfg = load_train_config(ROOT / "configs" / "demo.yaml", [f"run.output_dir={tmp_path / 'run'}",
+                                                             "rollout_service.engine.tensor_parallel_size=4"])
+    with pytest.raises(ConfigError, match=r"rollout_service.engine.tensor_parallel_size \(4\) disagrees with "
+                                          r"local.engine_gpus \(1\)"):
+        local.launch_local(cfg, launcher, visible=EIGHT)
+    assert launcher.specs == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("config", ["demo.yaml", "retail.yaml"])
+def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
+    """No GPU visible (CUDA_VISIBLE_DEVICES unset, no nvidia-smi on PATH, as on this machine):
+    exactly the commands and environments the launcher built before placement existed."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                               if not (Path(p) / "nvidia-smi").exists()))
+    cfg, specs, rollout = _launch(monkeypatch, tmp_path, config)  # visible: detected
+    redis = {"REDIS_URL": "redis://127.0.0.1:1/0"}
+    cfgs = cfg.run.dir() / "configs"
+    py = sys.executable
+    for name, module in [("env", "env_service"), ("reward", "reward_service"), ("rollout", "rollout_service")]:
+        port = specs[name].address.rsplit(":", 1)[1]
+        assert specs[name].argv == [py, "-m", module, "--config", str(cfgs / f"{module}.yaml"), "--port", port,
+                                    "--no-metrics"]
+        assert specs[name].env == redis
+    port = specs["learner"].address.rsplit(":", 1)[1]
+    assert specs["learner"].argv == [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                                     "-m", "learner_service", "--config", str(cfgs / "learner.yaml"), "--port", port,
+                                     "--no-metrics"]
+    assert specs["learner"].env == redis
+    if config == "retail.yaml":
+        sim = specs["user_sim"]
+        assert sim.env == {"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1))}
+        assert sim.argv[-4:] == ["--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed)]
+        assert "--tensor-parallel-size" not in sim.argv and "--gpu-memory-utilization" not in sim.argv
+    else:
+        assert "user_sim" not in specs
+    assert rollout["engine"]["tensor_parallel_size"] == 1 and rollout["engine"]["gpu_memory_utilization"] is None
+
+
+def test_cpu_engine_arguments_unchanged():
+    """The vLLM engine's keyword arguments on CPU: tensor parallelism and memory fraction are
+    added only when placed on GPUs (read from the source: constructing an Engine starts vLLM)."""
+    src = (ROOT / "rollout_service" / "engine.py").read_text()
+    assert 'if tensor_parallel_size != 1:' in src and 'if gpu_memory_utilization is not None:' in src
+
+
+# -- scripts/bootstrap-gpu.sh without a GPU -----------------------------------------------------
+SCRIPT = ROOT / "scripts" / "bootstrap-gpu.sh"
+
+
+def _path_without_nvidia_smi(extra: Path | None = None) -> str:
+    dirs = [p for p in os.environ["PATH"].split(os.pathsep) if p and not (Path(p) / "nvidia-smi").exists()]
+    return os.pathsep.join([str(extra), *dirs] if extra else dirs)
+
+
+def _bootstrap_gpu(tmp_path, *args, path, venv=None):
+    venv = venv or tmp_path / "venv-gpu"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "SINKFLEX_VENV", "CUDA_VISIBLE_DEVICES")}
+    env.update(PATH=path, SINKFLEX_VENV=str(venv), PYTHON=sys.executable)
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def _fake_smi(tmp_path, body: str) -> Path:
+    fake = tmp_path / "fakebin"
+    fake.mkdir(exist_ok=True)
+    smi = fake / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + body + "\n")
+    smi.chmod(0o755)
+    return fake
+
+
+def test_bootstrap_gpu_without_nvidia_smi_exits_1_before_installing(tmp_path):
+    venv = tmp_path / "venv-gpu"
+    r = _bootstrap_gpu(tmp_path, path=_path_without_nvidia_smi())  # a real install run, not --check
+    assert r.returncode == 1
+    assert r.stderr.strip().startswith("[bootstrap-gpu] error: no NVIDIA GPU driver: nvidia-smi is not on PATH.")
+    assert "on a CPU machine use scripts/bootstrap.sh" in r.stderr
+    assert "installing" not in r.stderr and r.stdout == ""
+    assert not venv.exists()
+
+
+def test_bootstrap_gpu_with_a_failing_driver_exits_1_before_installing(tmp_path):
+    fake = _fake_smi(tmp_path, "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9")
+    r = _bootstrap_gpu(tmp_path, path=_path_without_nvidia_smi(fake))
+    assert r.returncode == 1
+    assert "[bootstrap-gpu] error: nvidia-smi failed (no NVIDIA GPU, or the driver is not loaded): NVIDIA-SMI has failed" \
+        in r.stderr
+    assert not (tmp_path / "venv-gpu").exists()
+
+
+def test_bootstrap_gpu_check_with_a_gpu_and_a_cpu_torch_venv(tmp_path):
+    fake = _fake_smi(tmp_path, "echo '0, NVIDIA H100 80GB HBM3, 81559 MiB'")
+    r = _bootstrap_gpu(tmp_path, "--check", path=_path_without_nvidia_smi(fake))
+    assert r.returncode == 0, r.stderr
+    assert "[bootstrap-gpu] GPUs: 0, NVIDIA H100 80GB HBM3, 81559 MiB" in r.stderr
+    assert not (tmp_path / "venv-gpu").exists()
+    # an existing venv whose torch is the CPU build (this project's .venv; only read, and --check
+    # never installs): refused by name
+    cpu_venv = Path(sys.executable).parent.parent
+    r = _bootstrap_gpu(tmp_path, "--check", path=_path_without_nvidia_smi(fake), venv=cpu_venv)
+    assert r.returncode == 1
+    assert f"torch in {cpu_venv} does not see CUDA (torch.cuda.is_available() is False)" in r.stderr
+    assert "installing" not in r.stderr
