@@ -80,7 +80,7 @@ def visible_gpus(environ: Mapping[str, str] | None = None, nvidia_smi: str | Non
     if "CUDA_VISIBLE_DEVICES" in environ:
         ids = [i.strip() for i in environ["CUDA_VISIBLE_DEVICES"].split(",") if i.strip()]
         return [] if ids[:1] == ["-1"] else ids
-    exe = nvidia_smi or shutil.which("nvidia-smi")
+    exe = nvidia_smi or shutil.which("nvidia-smi", path=environ.get("PATH"))
     if not exe:
         return []
     try:
