@@ -15,7 +15,8 @@ app = typer.Typer(help="Show the resolved experiment config or its JSON schema."
 #: What `config show --services` prints for a value that `train` fills in only when it starts.
 LAUNCH = "<launch>"
 
-SET_HELP = "override one field, dotted.field=value (value parsed as YAML); repeatable, applied in order"
+SET_HELP = ("override one field, dotted.field=value (value parsed as YAML), e.g. --set task.task_ids=[create_task_1];"
+            " repeatable, applied in order")
 
 
 @app.command("show")

@@ -20,7 +20,7 @@ def train(
     overrides: Optional[list[str]] = typer.Option(
         None, "--set", metavar="FIELD=VALUE",
         help="override one field, dotted.field=value (value parsed as YAML, checked like the file), "
-             "e.g. --set rollout.group_size=8; repeatable, applied in order"),
+             "e.g. --set rollout.group_size=8 or --set task.task_ids=[create_task_1]; repeatable, applied in order"),
     steps: Optional[int] = typer.Option(None, help="override run.steps (same as --set run.steps=N, applied last)"),
     output_dir: Optional[str] = typer.Option(None, help="override run.output_dir (applied last)"),
 ) -> None:
