@@ -30,8 +30,10 @@ import typer
 APP_SETTINGS: dict[str, Any] = {"rich_markup_mode": None, "pretty_exceptions_show_locals": False}
 
 def service_app(**kwargs: Any) -> typer.Typer:
-    """A service's one-command Typer app: `APP_SETTINGS`, no shell-completion flags."""
-    return typer.Typer(add_completion=False, **{**APP_SETTINGS, **kwargs})
+    """A service's one-command Typer app: `APP_SETTINGS`, `-h` as well as `--help` (as argparse
+    had), no shell-completion flags."""
+    settings = {"add_completion": False, "context_settings": {"help_option_names": ["-h", "--help"]}, **APP_SETTINGS}
+    return typer.Typer(**{**settings, **kwargs})
 
 
 def version_line(service: str) -> str:

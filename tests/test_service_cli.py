@@ -127,3 +127,9 @@ def test_the_typer_app_runs_what_parse_args_parses(module, monkeypatch):
     result = CliRunner().invoke(main.app, argv)
     assert result.exit_code == 0, result.output
     assert vars(seen.pop()) == vars(main.parse_args(argv))
+
+
+@pytest.mark.parametrize("module", SERVICES)
+def test_dash_h_is_help_too(module):
+    r = _run(module, "-h")  # as argparse had it
+    assert r.returncode == 0 and "--no-metrics" in r.stdout, r.stderr
