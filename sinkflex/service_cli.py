@@ -25,9 +25,11 @@ from typing import Any
 import typer
 
 #: Keyword arguments of every `typer.Typer(...)` of the project (sinkflex-rl and its groups
-#: included): plain help text, no Rich/Markdown markup (which drops `[flags]`, `[default: x]`,
-#: `<run dir>`, `__x__` from help strings and keeps a docstring's hard line breaks).
+#: included): plain help text, reflowed. Typer's "rich" markup drops `[flags]` or
+#: `[default: x]` from a help string and keeps a docstring's hard line breaks; "markdown"
+#: drops `<run dir>` and turns `__x__` bold.
 APP_SETTINGS: dict[str, Any] = {"rich_markup_mode": None, "pretty_exceptions_show_locals": False}
+
 
 def service_app(**kwargs: Any) -> typer.Typer:
     """A service's one-command Typer app: `APP_SETTINGS`, `-h` as well as `--help` (as argparse

@@ -109,7 +109,8 @@ def test_local_launcher_uses_no_metrics():
 
 
 @pytest.mark.parametrize("module", SERVICES)
-@pytest.mark.parametrize("order", [("--metrics-port", "9100", "--no-metrics"), ("--no-metrics", "--metrics-port", "9100")])
+@pytest.mark.parametrize("order", [("--metrics-port", "9100", "--no-metrics"),
+                                   ("--no-metrics", "--metrics-port", "9100")])
 def test_both_metrics_flags_are_a_usage_error(module, order):
     r = _run(module, *order)
     assert r.returncode == 2, r.stderr

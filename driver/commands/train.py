@@ -26,11 +26,12 @@ def train(
 ) -> None:
     """Trains a policy with GRPO on tau2-Bench.
 
-    Rollouts → reward → Redis → learner → new policy version. With no service addresses in the config, launches every service as a local process on
-    loopback ports and stops them at the end or on Ctrl-C; a re-run resumes from the last
-    checkpoint. Writes metrics (JSON lines, TensorBoard), plots and a summary to the run folder.
-    Exits 2, naming the dotted field, when the config or an override is invalid
-    (`sinkflex-rl config show` prints the resolved config without training).
+    Rollouts → reward → Redis → learner → new policy version. With no service addresses in
+    the config, launches every service as a local process on loopback ports and stops them at
+    the end or on Ctrl-C; a re-run resumes from the last checkpoint. Writes metrics (JSON
+    lines, TensorBoard), plots and a summary to the run folder. Exits 2, naming the dotted
+    field, when the config or an override is invalid (`sinkflex-rl config show` prints the
+    resolved config without training).
     """
     import dataclasses
     import json
