@@ -12,13 +12,15 @@ import os
 
 import typer
 
+from sinkflex.service_cli import APP_SETTINGS
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not try the network
 
 app = typer.Typer(
     name="sinkflex-rl",
     help="SinkFlex-RL: RL training for long-horizon tool-use agents on tau2-Bench.",
     no_args_is_help=True,
-    pretty_exceptions_show_locals=False,
+    **APP_SETTINGS,
 )
 
 #: (module under driver.commands, group name or "" for top-level commands)

@@ -1,41 +1,77 @@
 """`python -m env_service --host H --port P [...]`: serve tau2 domains over gRPC.
 
 Flags override the config file (`--config`, YAML of EnvServiceConfig). Stops gracefully
-on SIGTERM/SIGINT.
+on SIGTERM/SIGINT. A Typer app (`app`); `parse_args` and `main` take an argv list.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
+from argparse import Namespace
+from typing import Optional
+
+import typer
+
+from sinkflex.service_cli import (
+    metrics_port_from,
+    metrics_port_option,
+    no_metrics_option,
+    parse_flags,
+    service_app,
+    version_option,
+)
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not try the network
 
+PROG = "python -m env_service"
+app = service_app()
 
-def parse_args(argv=None) -> argparse.Namespace:
-    from sinkflex.service_cli import add_common_flags
 
-    p = argparse.ArgumentParser(prog="python -m env_service", description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50051)
-    p.add_argument("--config", help="YAML file of EnvServiceConfig")
-    p.add_argument("--domains", help="comma-separated tau2 domains (default: retail,airline,telecom,mock)")
-    p.add_argument("--task-files", action="append", default=[], metavar="DOMAIN=PATH[,PATH]",
-                   help="extra tau2 task dirs/files for a domain (tau2's tasks.json + split_tasks.json; repeatable)")
-    p.add_argument("--user-model", help='litellm model of the user simulator, e.g. "openai/smollm2"')
-    p.add_argument("--user-base-url", help="OpenAI-compatible base URL of the user LLM")
-    p.add_argument("--user-api-key", help="API key of the user LLM endpoint")
-    p.add_argument("--user-temperature", type=float)
-    p.add_argument("--user-max-tokens", type=int)
-    p.add_argument("--max-sessions", type=int)
-    p.add_argument("--session-ttl", type=float, dest="session_ttl_seconds", help="idle seconds before a session is freed")
-    p.add_argument("--max-steps", type=int, dest="default_max_steps", help="default step budget of an episode")
-    p.add_argument("--no-reward", action="store_true", help="do not score episodes with tau2's evaluator on termination")
-    p.add_argument("--max-workers", type=int)
-    add_common_flags(p, service="env_service", metrics_default=9091)
-    p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+@app.command()
+def cli(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", metavar="HOST", help="address to bind"),
+    port: int = typer.Option(50051, metavar="PORT", help="gRPC port, 0: any free port"),
+    config: Optional[str] = typer.Option(None, metavar="FILE", help="YAML file of EnvServiceConfig; flags override it"),
+    domains: Optional[str] = typer.Option(
+        None, metavar="LIST", help="comma-separated tau2 domains (default: retail,airline,telecom,mock)"),
+    task_files: Optional[list[str]] = typer.Option(
+        None, "--task-files", metavar="DOMAIN=PATH[,PATH]",
+        help="extra tau2 task dirs/files for a domain (tau2's tasks.json + split_tasks.json; repeatable)"),
+    user_model: Optional[str] = typer.Option(
+        None, metavar="MODEL", help='litellm model of the user simulator, e.g. "openai/smollm2"'),
+    user_base_url: Optional[str] = typer.Option(None, metavar="URL", help="OpenAI-compatible base URL of the user LLM"),
+    user_api_key: Optional[str] = typer.Option(None, metavar="KEY", help="API key of the user LLM endpoint"),
+    user_temperature: Optional[float] = typer.Option(
+        None, metavar="T", help="sampling temperature of the user simulator, in [0, 2] (default: 0.0)"),
+    user_max_tokens: Optional[int] = typer.Option(
+        None, metavar="N", help="cap on the tokens of one user-simulator reply (default: the endpoint's)"),
+    max_sessions: Optional[int] = typer.Option(
+        None, metavar="N", help="open sessions at most; a Reset beyond fails (default: 1024)"),
+    session_ttl_seconds: Optional[float] = typer.Option(
+        None, "--session-ttl", metavar="SECONDS", help="idle seconds before a session is freed"),
+    default_max_steps: Optional[int] = typer.Option(
+        None, "--max-steps", metavar="N", help="default step budget of an episode"),
+    no_reward: bool = typer.Option(
+        False, "--no-reward", help="do not score episodes with tau2's evaluator on termination"),
+    max_workers: Optional[int] = typer.Option(None, metavar="N", help="gRPC server threads (default: 64)"),
+    version: bool = version_option("env_service"),
+    metrics_port: Optional[int] = metrics_port_option(9091),
+    no_metrics: bool = no_metrics_option(),
+    log_level: str = typer.Option("INFO", metavar="LEVEL", help="logging level: DEBUG, INFO, WARNING or ERROR"),
+) -> None:
+    """Serve tau2 domains over gRPC until SIGTERM/SIGINT.
+
+    Flags override the config file (--config, YAML of EnvServiceConfig); a bad task file
+    fails the start, naming it, before any port is bound.
+    """
+    run(Namespace(**ctx.params))
+
+
+def parse_args(argv: list[str] | None = None) -> Namespace:
+    """The flags of `argv` (default: sys.argv[1:]); exits 2 on a bad flag, 0 after --help/--version."""
+    return parse_flags(app, argv, prog=PROG)
 
 
 def parse_task_files(values: list[str]) -> dict[str, list[str]]:
@@ -49,7 +85,7 @@ def parse_task_files(values: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: Namespace):
     from env_service.config import EnvServiceConfig
     from sinkflex.config import load_config, validate_config
 
@@ -76,8 +112,13 @@ def config_from_args(args: argparse.Namespace):
     return validate_config(base, EnvServiceConfig, source="command line")
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None) -> None:
+    """`python -m env_service` with `argv`: parse the flags and serve."""
+    run(parse_args(argv))
+
+
+def run(args: Namespace) -> None:
+    """Serves with the parsed flags until SIGTERM/SIGINT."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from env_service.logs import quiet_tau2_logs
 
@@ -91,7 +132,6 @@ def main(argv=None) -> None:
     except ValueError as err:
         raise SystemExit(f"env_service: cannot start: {err}") from None
     from env_service.server import build_server
-    from sinkflex.service_cli import metrics_port_from
 
     metrics_port = metrics_port_from(args)
     server, _core = build_server(config, port=args.port, host=args.host, metrics_port=metrics_port)
@@ -100,4 +140,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    app(prog_name=PROG)

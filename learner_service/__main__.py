@@ -6,35 +6,72 @@ Every rank builds the (FSDP2-sharded) model and restores the latest checkpoint o
 `run_dir`; rank 0 also reads the trajectory buffer and serves LearnerService (health,
 reflection, Prometheus metrics). Without torchrun it runs as a single process. SIGTERM or
 SIGINT: finish the current step, write a checkpoint, acknowledge its groups, exit 0.
+A Typer app (`app`); `parse_args` and `main` take an argv list.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
+from argparse import Namespace
+from typing import Optional
+
+import typer
+
+from sinkflex.service_cli import (
+    metrics_port_from,
+    metrics_port_option,
+    no_metrics_option,
+    parse_flags,
+    service_app,
+    version_option,
+)
+
+PROG = "python -m learner_service"
+app = service_app()
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    from sinkflex.service_cli import add_common_flags
+@app.command()
+def cli(
+    ctx: typer.Context,
+    config: Optional[str] = typer.Option(
+        None, metavar="FILE", help="YAML file of LearnerConfig (default: all defaults, needs --model)"),
+    model: Optional[str] = typer.Option(None, metavar="DIR", help="overrides model.path: a transformers model folder"),
+    host: str = typer.Option("127.0.0.1", metavar="HOST", help="address to bind (rank 0)"),
+    port: int = typer.Option(50054, metavar="PORT", help="LearnerService port (rank 0); 0: any free port"),
+    version: bool = version_option("learner_service"),
+    metrics_port: Optional[int] = metrics_port_option(9094),  # metrics on rank 0
+    no_metrics: bool = no_metrics_option(),
+    no_server: bool = typer.Option(False, "--no-server", help="do not serve gRPC (batch jobs, tests)"),
+    run_dir: Optional[str] = typer.Option(None, metavar="DIR", help="overrides run_dir"),
+    max_steps: Optional[int] = typer.Option(None, metavar="N", help="stop after this many learner steps in total"),
+    redis_url: Optional[str] = typer.Option(None, metavar="URL", help="overrides buffer.url"),
+    rollout_address: Optional[str] = typer.Option(
+        None, metavar="HOST:PORT", help="overrides rollout_address (of the RolloutService)"),
+    log_level: str = typer.Option("INFO", metavar="LEVEL", help="logging level: DEBUG, INFO, WARNING or ERROR"),
+) -> None:
+    """The GRPO learner; run it under torchrun for FSDP2.
 
-    p = argparse.ArgumentParser(prog="python -m learner_service", description=__doc__.splitlines()[0])
-    p.add_argument("--config", help="YAML file of LearnerConfig (default: all defaults, needs --model)")
-    p.add_argument("--model", help="overrides model.path: a transformers model folder")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50054, help="LearnerService port (rank 0); 0: any free port")
-    add_common_flags(p, service="learner_service", metrics_default=9094)  # metrics on rank 0
-    p.add_argument("--no-server", action="store_true", help="do not serve gRPC (batch jobs, tests)")
-    p.add_argument("--run-dir", help="overrides run_dir")
-    p.add_argument("--max-steps", type=int, help="stop after this many learner steps in total")
-    p.add_argument("--redis-url", help="overrides buffer.url")
-    p.add_argument("--rollout-address", help="overrides rollout_address (host:port of RolloutService)")
-    p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    \b
+        torchrun --nproc_per_node 2 -m learner_service --config FILE [flags]
+
+    Every rank builds the (FSDP2-sharded) model and restores the latest checkpoint of
+    run_dir; rank 0 also reads the trajectory buffer and serves LearnerService (health,
+    reflection, Prometheus metrics). Without torchrun it runs as a single process. SIGTERM
+    or SIGINT: finish the current step, write a checkpoint, acknowledge its groups, exit 0.
+    """
+    code = run(Namespace(**ctx.params))
+    if code:
+        raise typer.Exit(code)
 
 
-def config_from_args(args: argparse.Namespace):
+def parse_args(argv: list[str] | None = None) -> Namespace:
+    """The flags of `argv` (default: sys.argv[1:]); exits 2 on a bad flag, 0 after --help/--version."""
+    return parse_flags(app, argv, prog=PROG)
+
+
+def config_from_args(args: Namespace):
     from learner_service.config import LearnerConfig, load_learner_config
     from sinkflex.config import validate_config
 
@@ -69,8 +106,13 @@ def init_distributed() -> None:
         dist.init_process_group("gloo")
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    """`python -m learner_service` with `argv`: parse the flags and train; returns the exit code."""
+    return run(parse_args(argv))
+
+
+def run(args: Namespace) -> int:
+    """Trains with the parsed flags until --max-steps or SIGTERM/SIGINT; returns the exit code (0)."""
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
     cfg = config_from_args(args)
@@ -93,7 +135,6 @@ def main(argv=None) -> int:
     if learner.rank == 0 and not args.no_server:
         from learner_service.server import SERVICE_NAME, LearnerServicer
         from sinkflex.api.learner.v1 import learner_pb2_grpc
-        from sinkflex.service_cli import metrics_port_from
         from sinkflex.serving import ServiceServer
 
         server = ServiceServer(
@@ -127,4 +168,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    app(prog_name=PROG)

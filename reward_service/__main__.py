@@ -12,43 +12,54 @@ from pathlib import Path
 
 import typer
 
-from sinkflex.service_cli import resolve_metrics_port, version_callback
+from sinkflex.service_cli import (
+    metrics_port_option,
+    no_metrics_option,
+    resolve_metrics_port,
+    service_app,
+    version_option,
+)
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not try the network
 
-app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+app = service_app()
 
 
 @app.command()
 def main(
-    host: str | None = typer.Option(None, help="address to bind (default: 127.0.0.1)"),
-    port: int | None = typer.Option(None, help="gRPC port, 0 for any (default: 50052)"),
-    metrics_port: int | None = typer.Option(
-        None, metavar="N", help="serve Prometheus metrics on port N, 0: any free port (default: 9092)"),
-    no_metrics: bool = typer.Option(False, "--no-metrics", help="do not serve Prometheus metrics"),
-    max_message_bytes: int | None = typer.Option(None, help="gRPC message-size limit, bytes (default: 64 MiB)"),
-    preload_env: list[str] | None = typer.Option(None, help="env whose tasks load before SERVING (repeatable)"),
+    host: str | None = typer.Option(None, metavar="HOST", help="address to bind (default: 127.0.0.1)"),
+    port: int | None = typer.Option(None, metavar="PORT", help="gRPC port (default: 50052); 0: any free port"),
+    metrics_port: int | None = metrics_port_option(None, unset="9092"),
+    no_metrics: bool = no_metrics_option(),
+    max_message_bytes: int | None = typer.Option(
+        None, metavar="BYTES", help="gRPC message-size limit (default: 64 MiB)"),
+    preload_env: list[str] | None = typer.Option(
+        None, metavar="ENV", help="env whose tasks load before SERVING (repeatable)"),
     task_files: list[str] | None = typer.Option(
         None, "--task-files", metavar="ENV=PATH[,PATH]",
         help="extra tau2 task dirs/files for an env (tau2's tasks.json + split_tasks.json; repeatable)"),
-    judge_model: str | None = typer.Option(None, help="NL-assertion judge model name (enables NL_ASSERTION)"),
-    judge_base_url: str | None = typer.Option(None, help="judge's OpenAI-compatible base URL, e.g. http://h:8000/v1"),
-    judge_api_key: str | None = typer.Option(None, envvar="SINKFLEX_JUDGE_API_KEY", help="judge's API key"),
-    config: Path | None = typer.Option(None, help="YAML RewardServiceConfig; flags override it"),
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
-    version: bool = typer.Option(False, "--version", callback=version_callback("reward_service"), is_eager=True,
-                                 help="print the version and exit"),
+    judge_model: str | None = typer.Option(
+        None, metavar="MODEL", help="NL-assertion judge model name (enables NL_ASSERTION)"),
+    judge_base_url: str | None = typer.Option(
+        None, metavar="URL", help="judge's OpenAI-compatible base URL, e.g. http://h:8000/v1"),
+    judge_api_key: str | None = typer.Option(
+        None, metavar="KEY", envvar="SINKFLEX_JUDGE_API_KEY", help="judge's API key"),
+    config: Path | None = typer.Option(None, metavar="FILE", help="YAML RewardServiceConfig; flags override it"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging"),
+    version: bool = version_option("reward_service"),
 ) -> None:
-    """Serves tau2-Bench's reward checker (Score, ScoreBatch) over gRPC until SIGTERM."""
+    """Serves tau2-Bench's reward checker (Score, ScoreBatch) over gRPC until SIGTERM.
+
+    Each reward is tau2's evaluator's, in [0, 1]; NL_ASSERTION checks need a judge
+    (--judge-model). Flags override the fields of --config (a RewardServiceConfig); the
+    judge's API key may also come from SINKFLEX_JUDGE_API_KEY.
+    """
     from reward_service.config import RewardServiceConfig
     from sinkflex.config import ConfigError, load_config, validate_config
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if no_metrics and metrics_port is not None:
-        typer.echo("--metrics-port and --no-metrics: give one of them", err=True)
-        raise typer.Exit(2)
     try:
         base = load_config(config, RewardServiceConfig).model_dump() if config else {}
         flags = {"host": host, "port": port, "max_message_bytes": max_message_bytes}

@@ -1,16 +1,41 @@
-"""Flags every service entry point shares: `--version`, `--metrics-port N` and `--no-metrics`.
+"""Typer helpers every entry point shares: app settings, `--version`, `--metrics-port N` / `--no-metrics`.
 
-`python -m env_service`, `rollout_service` and `learner_service` build their flags with
-argparse (`add_common_flags`, `metrics_port_from`); `python -m reward_service` is a Typer
-app and uses `version_callback` and `resolve_metrics_port`. Either way the flags mean the
-same: `--no-metrics` serves no Prometheus endpoint, `--metrics-port N` serves it on port N
-(0: any free port), and `--metrics-port -1` is still read as `--no-metrics` (the old
-spelling). `--version` prints `<service> <version>`, the version of `sinkflex-rl --version`.
+Every command line of the project is a Typer app: `sinkflex-rl` (driver/cli.py) and the four
+services, `python -m env_service|reward_service|rollout_service|learner_service`. They are
+built with `APP_SETTINGS` (via `service_app` for the services), so their help renders the
+same way: `rich_markup_mode=None`, i.e. plain text, reflowed to the terminal's width, with
+no markup that would eat a literal `[0, 1]`, `[flags]` or `<run dir>` in a help string.
+
+The services declare `--version` with `version_option`, and `--metrics-port N` and
+`--no-metrics` with `metrics_port_option` / `no_metrics_option`: `--no-metrics` serves no
+Prometheus endpoint, `--metrics-port N` serves it on port N (0: any free port), and
+`--metrics-port -1` is still read as `--no-metrics` (the old spelling); giving both is a
+usage error (exit 2). `--version` prints `<service> <version>`, the version of
+`sinkflex-rl --version`. `parse_flags` parses a service's flags without running it, as
+argparse's `parse_args` did (the services' `parse_args`, used by tests and `sinkflex-rl env
+serve`).
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
+from argparse import Namespace
+from typing import Any
+
+import typer
+
+#: Keyword arguments of every `typer.Typer(...)` of the project (sinkflex-rl and its groups
+#: included): plain help text, reflowed. Typer's "rich" markup drops `[flags]` or
+#: `[default: x]` from a help string and keeps a docstring's hard line breaks; "markdown"
+#: drops `<run dir>` and turns `__x__` bold.
+APP_SETTINGS: dict[str, Any] = {"rich_markup_mode": None, "pretty_exceptions_show_locals": False}
+
+
+def service_app(**kwargs: Any) -> typer.Typer:
+    """A service's one-command Typer app: `APP_SETTINGS`, `-h` as well as `--help` (as argparse
+    had), no shell-completion flags."""
+    settings = {"add_completion": False, "context_settings": {"help_option_names": ["-h", "--help"]}, **APP_SETTINGS}
+    return typer.Typer(**{**settings, **kwargs})
 
 
 def version_line(service: str) -> str:
@@ -27,18 +52,8 @@ def resolve_metrics_port(metrics_port: int | None, no_metrics: bool) -> int | No
     return metrics_port
 
 
-def add_common_flags(parser: argparse.ArgumentParser, *, service: str, metrics_default: int | None) -> None:
-    """Adds `--version` and the mutually exclusive `--metrics-port N` / `--no-metrics`."""
-    parser.add_argument("--version", action="version", version=version_line(service), help="print the version and exit")
-    group = parser.add_mutually_exclusive_group()
-    default = "none" if metrics_default is None else str(metrics_default)
-    group.add_argument("--metrics-port", type=int, default=metrics_default, metavar="N",
-                       help=f"serve Prometheus metrics on port N, 0: any free port (default: {default})")
-    group.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus metrics")
-
-
-def metrics_port_from(args: argparse.Namespace) -> int | None:
-    """The port `add_common_flags`'s flags ask for, or None for no metrics."""
+def metrics_port_from(args: Any) -> int | None:
+    """The port that parsed flags (`.metrics_port`, `.no_metrics`) ask for, or None for no metrics."""
     return resolve_metrics_port(args.metrics_port, args.no_metrics)
 
 
@@ -47,9 +62,73 @@ def version_callback(service: str):
 
     def callback(value: bool) -> None:
         if value:
-            import typer
-
             typer.echo(version_line(service))
             raise typer.Exit()
 
     return callback
+
+
+def version_option(service: str) -> Any:
+    """`version: bool = version_option("env_service")`: the eager `--version` flag."""
+    return typer.Option(False, "--version", callback=version_callback(service), is_eager=True,
+                        help="print the version and exit")
+
+
+#: Click's UsageError (exit 2, with the usage line), which Typer does not export (Typer >= 0.2x
+#: vendors Click); BadParameter is its subclass in every version.
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _exclusive_metrics_flags(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """Refuses `--metrics-port N` together with `--no-metrics` (a usage error, exit 2).
+
+    Click processes the flags given on the command line first, in their order, so the second
+    of the two that is processed sees the first one's source."""
+    other = "no_metrics" if param.name == "metrics_port" else "metrics_port"
+    if _given(ctx, param.name) and _given(ctx, other):
+        flags = {"metrics_port": "--metrics-port N", "no_metrics": "--no-metrics"}
+        raise _UsageError(f"{flags[param.name]} is not allowed with {flags[other]}: give one of them", ctx=ctx)
+    return value
+
+
+def metrics_port_option(default: int | None, *, unset: str = "none") -> Any:
+    """`metrics_port: Optional[int] = metrics_port_option(9091)`: `--metrics-port N`.
+
+    With `default` None the help says `(default: <unset>)`, what not giving the flag means
+    (e.g. the config's port); otherwise Typer shows `[default: N]`."""
+    said = "" if default is not None else f" (default: {unset})"
+    return typer.Option(default, "--metrics-port", metavar="N", show_default=default is not None,
+                        help=f"serve Prometheus metrics on port N{said}; 0: any free port, -1: none",
+                        callback=_exclusive_metrics_flags)
+
+
+def no_metrics_option() -> Any:
+    """`no_metrics: bool = no_metrics_option()`: `--no-metrics`, exclusive with `--metrics-port`."""
+    return typer.Option(False, "--no-metrics", help="do not serve Prometheus metrics", show_default=False,
+                        callback=_exclusive_metrics_flags)
+
+
+def parse_flags(app: typer.Typer, argv: list[str] | None = None, *, prog: str | None = None) -> Namespace:
+    """Parses `argv` (default: sys.argv[1:]) with the flags of `app`'s one command, without running it.
+
+    Returns the parameters as a Namespace (`args.metrics_port`, ...), as argparse did. Like
+    `app()` itself it exits: 2 with the usage and the error on a bad flag, 0 after `--help`
+    or `--version` (SystemExit).
+    """
+    command = typer.main.get_command(app)
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with command.make_context(prog or command.name, args) as ctx:
+            return Namespace(**ctx.params)
+    except Exception as err:  # Click's UsageError (.show) and Exit; Typer >= 0.2x vendors Click
+        code = getattr(err, "exit_code", None)
+        if not isinstance(code, int):
+            raise
+        if hasattr(err, "show"):
+            err.show()
+        raise SystemExit(code) from None

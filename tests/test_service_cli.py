@@ -3,7 +3,9 @@
 `python -m env_service|reward_service|rollout_service|learner_service --version` prints the
 version `sinkflex-rl --version` prints (pyproject's); every `--help` lists `--no-metrics` and
 `--version`; `--no-metrics` and `--metrics-port -1` (the old spelling) mean no metrics,
-`--metrics-port N` a port, both together are refused; the local launcher says `--no-metrics`.
+`--metrics-port N` a port, both together are refused (a usage error, exit 2); the local
+launcher says `--no-metrics`. All four are Typer apps; env, rollout and learner also have
+`parse_args(argv)` (parse without serving).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ["env_service", "reward_service", "rollout_service", "learner_service"]
-ARGPARSE_SERVICES = {"env_service": 9091, "rollout_service": None, "learner_service": 9094}
+#: Services whose `parse_args(argv)` parses without serving, and their default metrics port.
+PARSE_ARGS_SERVICES = {"env_service": 9091, "rollout_service": None, "learner_service": 9094}
 
 
 def _run(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -57,7 +60,7 @@ def test_help_lists_no_metrics_and_version(module):
         assert flag in r.stdout, (module, flag, r.stdout)
 
 
-def _argparse_port(module: str, argv: list[str]):
+def _parsed_port(module: str, argv: list[str]):
     import importlib
 
     from sinkflex.service_cli import metrics_port_from
@@ -66,15 +69,15 @@ def _argparse_port(module: str, argv: list[str]):
     return metrics_port_from(main.parse_args(argv))
 
 
-@pytest.mark.parametrize("module", sorted(ARGPARSE_SERVICES))
-def test_argparse_services_metrics_flags(module, capsys):
-    assert _argparse_port(module, []) == ARGPARSE_SERVICES[module]
-    assert _argparse_port(module, ["--no-metrics"]) is None
-    assert _argparse_port(module, ["--metrics-port", "-1"]) is None  # the old spelling still works
-    assert _argparse_port(module, ["--metrics-port", "0"]) == 0
-    assert _argparse_port(module, ["--metrics-port", "9100"]) == 9100
+@pytest.mark.parametrize("module", sorted(PARSE_ARGS_SERVICES))
+def test_parse_args_services_metrics_flags(module, capsys):
+    assert _parsed_port(module, []) == PARSE_ARGS_SERVICES[module]
+    assert _parsed_port(module, ["--no-metrics"]) is None
+    assert _parsed_port(module, ["--metrics-port", "-1"]) is None  # the old spelling still works
+    assert _parsed_port(module, ["--metrics-port", "0"]) == 0
+    assert _parsed_port(module, ["--metrics-port", "9100"]) == 9100
     with pytest.raises(SystemExit) as exc:
-        _argparse_port(module, ["--metrics-port", "9100", "--no-metrics"])
+        _parsed_port(module, ["--metrics-port", "9100", "--no-metrics"])
     assert exc.value.code == 2
     assert "not allowed with" in capsys.readouterr().err
 
@@ -103,3 +106,31 @@ def test_local_launcher_uses_no_metrics():
     source = (ROOT / "driver" / "local.py").read_text()
     assert "--metrics-port" not in source
     assert source.count('"--no-metrics"') == 4  # env, reward, rollout, learner
+
+
+@pytest.mark.parametrize("module", SERVICES)
+@pytest.mark.parametrize("order", [("--metrics-port", "9100", "--no-metrics"),
+                                   ("--no-metrics", "--metrics-port", "9100")])
+def test_both_metrics_flags_are_a_usage_error(module, order):
+    r = _run(module, *order)
+    assert r.returncode == 2, r.stderr
+    assert "Usage: python -m " + module in r.stderr and "not allowed with" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("module", sorted(PARSE_ARGS_SERVICES))
+def test_the_typer_app_runs_what_parse_args_parses(module, monkeypatch):
+    import importlib
+
+    main = importlib.import_module(f"{module}.__main__")
+    seen = []
+    monkeypatch.setattr(main, "run", seen.append)
+    argv = ["--host", "0.0.0.0", "--port", "0", "--config", "c.yaml", "--no-metrics"]
+    result = CliRunner().invoke(main.app, argv)
+    assert result.exit_code == 0, result.output
+    assert vars(seen.pop()) == vars(main.parse_args(argv))
+
+
+@pytest.mark.parametrize("module", SERVICES)
+def test_dash_h_is_help_too(module):
+    r = _run(module, "-h")  # as argparse had it
+    assert r.returncode == 0 and "--no-metrics" in r.stdout, r.stderr

@@ -7,12 +7,16 @@ from typing import Any, Optional
 
 import typer
 
-app = typer.Typer(help="Show the resolved experiment config or its JSON schema.", no_args_is_help=True)
+from sinkflex.service_cli import APP_SETTINGS
+
+app = typer.Typer(help="Show the resolved experiment config or its JSON schema.",
+                  no_args_is_help=True, **APP_SETTINGS)
 
 #: What `config show --services` prints for a value that `train` fills in only when it starts.
 LAUNCH = "<launch>"
 
-SET_HELP = "override one field, dotted.field=value (value parsed as YAML); repeatable, applied in order"
+SET_HELP = ("override one field, dotted.field=value (value parsed as YAML), e.g. --set task.task_ids=[create_task_1];"
+            " repeatable, applied in order")
 
 
 @app.command("show")
@@ -22,9 +26,11 @@ def show(
     services: bool = typer.Option(False, "--services",
                                   help="print each launched service's own resolved config instead"),
 ) -> None:
-    """Prints the experiment as `sinkflex-rl train` would run it, as YAML: every job section with
-    its defaults filled in, the service sections as written (they are merged over what the job
-    fills in). The output is itself an experiment file that trains the same run.
+    """Prints the resolved experiment as YAML, as `train` would run it.
+
+    Every job section with its defaults filled in, the service sections as written (they are
+    merged over what the job fills in). The output is itself an experiment file that trains
+    the same run.
 
     With --services: the config each locally launched service would get (what `train` writes to
     <run dir>/configs/<service>.yaml), with the values known only at launch (model folders,
@@ -60,8 +66,11 @@ def show(
 
 @app.command("schema")
 def schema() -> None:
-    """Prints the JSON schema (draft 2020-12) of an experiment file, service sections included
-    (each described by that service's own config class), for editors and `check-jsonschema`."""
+    """Prints the JSON schema of an experiment file, for editors.
+
+    JSON Schema draft 2020-12, service sections included (each described by that service's
+    own config class); for editors and `check-jsonschema`.
+    """
     import json
 
     from driver.config import experiment_schema

@@ -6,18 +6,24 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(help="The env service: serve, check conformance, replay golden actions.", no_args_is_help=True)
+from sinkflex.service_cli import APP_SETTINGS
+
+app = typer.Typer(help="The env service: serve, check conformance, replay golden actions.",
+                  no_args_is_help=True, **APP_SETTINGS)
 
 
 @app.command()
 def serve(
-    host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(50051),
+    host: str = typer.Option("127.0.0.1", help="address to bind"),
+    port: int = typer.Option(50051, help="gRPC port, 0: any free port"),
     user_model: Optional[str] = typer.Option(None, help='litellm model of the user simulator, e.g. "openai/smollm2"'),
     user_base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL of the user LLM"),
-    max_sessions: Optional[int] = typer.Option(None),
+    max_sessions: Optional[int] = typer.Option(None, help="open sessions at most (default: 1024)"),
 ) -> None:
-    """Serve every tau2 domain over gRPC (same as `python -m env_service`)."""
+    """Serve every tau2 domain over gRPC.
+
+    The same as `python -m env_service` with these flags (see its --help for all of them).
+    """
     from env_service.__main__ import main
 
     argv = ["--host", host, "--port", str(port)]
@@ -38,9 +44,9 @@ def check(
     concurrency: int = typer.Option(6, min=2, help="sessions the concurrency check runs at once"),
     max_sessions: Optional[int] = typer.Option(None, min=1, help="the server's session limit: also check Reset beyond it"),
 ) -> None:
-    """Run the conformance suite against an env server; print what passes and fails.
+    """Run the conformance suite against an env server.
 
-    Exit code 0: every check passed; 1: some failed; 2: nothing reachable at ADDRESS.
+    Prints what passes and fails. Exit code 0: every check passed; 1: some failed; 2: nothing reachable at ADDRESS.
     """
     from env_service.conformance import EnvUnreachable, format_results, run_checks
 
@@ -65,10 +71,11 @@ def replay(
     user_base_url: Optional[str] = typer.Option(None, help="user LLM base URL (in-process only)"),
     show: bool = typer.Option(False, "--show", help="print the trajectory"),
 ) -> None:
-    """Replay a task's golden actions through the env service and print the final reward.
+    """Replay a task's golden actions and print the final reward.
 
-    The reward is tau2's evaluator (`evaluate_simulation`, DB/ENV_ASSERTION/ACTION/
-    COMMUNICATE) on the trajectory the service produced; the server's own reward is shown too.
+    The actions go through the env service; the reward is tau2's evaluator
+    (`evaluate_simulation`: DB, ENV_ASSERTION, ACTION, COMMUNICATE) on the trajectory the
+    service produced. The server's own reward is shown too.
     """
     from env_service.logs import quiet_tau2_logs
 

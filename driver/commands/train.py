@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer()
+from sinkflex.service_cli import APP_SETTINGS
+
+app = typer.Typer(**APP_SETTINGS)
 log = logging.getLogger("driver.train")
 
 
@@ -18,17 +20,18 @@ def train(
     overrides: Optional[list[str]] = typer.Option(
         None, "--set", metavar="FIELD=VALUE",
         help="override one field, dotted.field=value (value parsed as YAML, checked like the file), "
-             "e.g. --set rollout.group_size=8; repeatable, applied in order"),
+             "e.g. --set rollout.group_size=8 or --set task.task_ids=[create_task_1]; repeatable, applied in order"),
     steps: Optional[int] = typer.Option(None, help="override run.steps (same as --set run.steps=N, applied last)"),
     output_dir: Optional[str] = typer.Option(None, help="override run.output_dir (applied last)"),
 ) -> None:
-    """Trains a policy with GRPO on tau2-Bench: rollouts → reward → Redis → learner → new policy version.
+    """Trains a policy with GRPO on tau2-Bench.
 
-    With no service addresses in the config, launches every service as a local process on
-    loopback ports and stops them at the end or on Ctrl-C; a re-run resumes from the last
-    checkpoint. Writes metrics (JSON lines, TensorBoard), plots and a summary to the run folder.
-    Exits 2, naming the dotted field, when the config or an override is invalid
-    (`sinkflex-rl config show` prints the resolved config without training).
+    Rollouts → reward → Redis → learner → new policy version. With no service addresses in
+    the config, launches every service as a local process on loopback ports and stops them at
+    the end or on Ctrl-C; a re-run resumes from the last checkpoint. Writes metrics (JSON
+    lines, TensorBoard), plots and a summary to the run folder. Exits 2, naming the dotted
+    field, when the config or an override is invalid (`sinkflex-rl config show` prints the
+    resolved config without training).
     """
     import dataclasses
     import json
