@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
+from sinkflex.tls import TLSConfig
 from sinkflex.config import StrictModel
 from sinkflex.serving import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -82,6 +83,10 @@ class RewardServiceConfig(StrictModel):
         ),
     )
 
+    tls: TLSConfig = Field(
+        default_factory=TLSConfig,
+        description="TLS / mutual TLS of the gRPC server, and of this service's clients (sinkflex.tls; default: plaintext).",
+    )
     @field_validator("preload_envs")
     @classmethod
     def _no_empty_env(cls, v: list[str]) -> list[str]:
