@@ -188,3 +188,23 @@ def test_off_by_default(monkeypatch):
     assert not tls.from_env().active and not RewardServiceConfig().tls.active
     assert tls.from_env({tls.ENV_CA: "/x/ca.crt", tls.ENV_CLIENT_AUTH: "true"}) == TLSConfig(
         ca_file="/x/ca.crt", require_client_auth=True)
+
+
+def test_dev_certificate_serves_and_authenticates_every_side(tmp_path):
+    """scripts/tls_dev_certs.py: one certificate is each service's server and client certificate (mTLS)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tls_dev_certs", Path(__file__).parents[1] / "scripts/tls_dev_certs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.write_certs(tmp_path, mod.NAMES)
+    both = TLSConfig(cert_file=str(tmp_path / "tls.crt"), key_file=str(tmp_path / "tls.key"),
+                     ca_file=str(tmp_path / "ca.crt"), require_client_auth=True)
+    server = _serve(both)
+    try:
+        address = f"127.0.0.1:{server.port}"
+        assert _score(address, both).code == grpc.StatusCode.NOT_FOUND
+        assert _score(f"localhost:{server.port}", both).code == grpc.StatusCode.NOT_FOUND
+        assert _score(address, TLSConfig(ca_file=str(tmp_path / "ca.crt"))).code == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop()
