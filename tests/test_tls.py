@@ -208,3 +208,25 @@ def test_dev_certificate_serves_and_authenticates_every_side(tmp_path):
         assert _score(address, TLSConfig(ca_file=str(tmp_path / "ca.crt"))).code == grpc.StatusCode.UNAVAILABLE
     finally:
         server.stop()
+
+
+def test_service_flags_set_tls_and_a_bad_file_fails_the_start(pki, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import env_service.__main__ as env_main
+    from reward_service.__main__ import app as reward_app
+
+    for name in (tls.ENV_CA, tls.ENV_CERT, tls.ENV_KEY, tls.ENV_CLIENT_AUTH):
+        monkeypatch.delenv(name, raising=False)
+    args = env_main.parse_args(["--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"],
+                                "--tls-ca", pki["ca"], "--tls-client-auth"])
+    cfg = env_main.config_from_args(args)
+    assert cfg.tls == TLSConfig(cert_file=pki["server_cert"], key_file=pki["server_key"], ca_file=pki["ca"],
+                                require_client_auth=True)
+    monkeypatch.setenv(tls.ENV_CERT, pki["server_cert"])  # the flags' environment variables
+    monkeypatch.setenv(tls.ENV_KEY, pki["server_key"])
+    assert env_main.config_from_args(env_main.parse_args([])).tls.cert_file == pki["server_cert"]
+    result = CliRunner().invoke(reward_app, ["--tls-cert", str(tmp_path / "missing.crt"), "--tls-key", pki["server_key"],
+                                             "--port", "0", "--no-metrics"])
+    assert result.exit_code == 2
+    assert "missing.crt" in result.output and "cannot read" in result.output
