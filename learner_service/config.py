@@ -13,8 +13,8 @@ import os
 
 from pydantic import Field, field_validator, model_validator
 
-from sinkflex.tls import TLSConfig
 from sinkflex.config import StrictModel, load_config
+from sinkflex.tls import TLSConfig
 
 
 class ModelConfig(StrictModel):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from sinkflex.tls import TLSConfig
 from sinkflex.config import StrictModel
 from sinkflex.serving import DEFAULT_MAX_MESSAGE_BYTES
+from sinkflex.tls import TLSConfig
 
 #: Default gRPC port and Prometheus port of the reward service (see the brief's port table).
 DEFAULT_PORT = 50052

@@ -10,8 +10,8 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from sinkflex.tls import TLSConfig
 from sinkflex.config import StrictModel
+from sinkflex.tls import TLSConfig
 
 
 class EngineConfig(StrictModel):

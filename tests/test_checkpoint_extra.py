@@ -8,7 +8,14 @@ import random
 import pytest
 import torch
 
-from learner_service.checkpoint import EXTRA_JSON, EXTRA_PT, _rng_state, extra_from_json, extra_to_json, load_extra
+from learner_service.checkpoint import (
+    EXTRA_JSON,
+    EXTRA_PT,
+    _rng_state,
+    extra_from_json,
+    extra_to_json,
+    load_extra,
+)
 
 
 def _extra() -> dict:

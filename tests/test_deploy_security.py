@@ -133,7 +133,7 @@ def test_tls_without_client_auth(chart_default):
 
 
 def test_redis_requires_a_password_from_a_secret(chart_default):
-    redis = [w for w in workloads(chart_default) if component(w) == "redis"][0]
+    redis = next(w for w in workloads(chart_default) if component(w) == "redis")
     (c,) = redis["spec"]["template"]["spec"]["containers"]
     assert "--requirepass" in " ".join(c.get("command", []) + c.get("args", []))
     env = {e["name"]: e for e in c["env"]}

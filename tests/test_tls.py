@@ -34,7 +34,7 @@ def _name(cn: str) -> x509.Name:
 
 
 def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = False, usage=None, sans=()):
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     b = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer_name)
          .public_key(key.public_key()).serial_number(x509.random_serial_number())
          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
