@@ -19,6 +19,12 @@ from sinkflex.service_cli import (
     no_metrics_option,
     parse_flags,
     service_app,
+    tls_ca_option,
+    tls_cert_option,
+    tls_client_auth_option,
+    tls_key_option,
+    tls_section,
+    use_tls,
     version_option,
 )
 
@@ -59,6 +65,10 @@ def cli(
     version: bool = version_option("env_service"),
     metrics_port: Optional[int] = metrics_port_option(9091),
     no_metrics: bool = no_metrics_option(),
+    tls_cert: Optional[str] = tls_cert_option(),
+    tls_key: Optional[str] = tls_key_option(),
+    tls_ca: Optional[str] = tls_ca_option(),
+    tls_client_auth: bool = tls_client_auth_option(),
     log_level: str = typer.Option("INFO", metavar="LEVEL", help="logging level: DEBUG, INFO, WARNING or ERROR"),
 ) -> None:
     """Serve tau2 domains over gRPC until SIGTERM/SIGINT.
@@ -109,6 +119,7 @@ def config_from_args(args: Namespace):
         for k, v in parse_task_files(args.task_files).items():
             files.setdefault(k, []).extend(v)
         base["task_files"] = files
+    base["tls"] = tls_section(base.get("tls"), args)
     return validate_config(base, EnvServiceConfig, source="command line")
 
 
@@ -124,6 +135,7 @@ def run(args: Namespace) -> None:
 
     quiet_tau2_logs("DEBUG" if args.log_level.upper() == "DEBUG" else "WARNING")
     config = config_from_args(args)
+    use_tls("env_service", config.tls)
     from tau2_adapter.tasks import domain_tasks
 
     try:  # a bad task file fails here, with its name, before any port is bound (loads are cached)

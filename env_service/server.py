@@ -103,7 +103,7 @@ def build_server(
     """
     server = ServiceServer(port=port, service_names=[SERVICE_NAME], host=host,
                            max_workers=config.max_workers, max_message_bytes=max_message_bytes,
-                           metrics_port=metrics_port, metrics_service="env")
+                           metrics_port=metrics_port, metrics_service="env", tls=config.tls)
     servicer = EnvServicer()  # UNAVAILABLE until the core is set (health says NOT_SERVING)
     env_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server.server)
     server.start()

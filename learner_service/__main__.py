@@ -25,6 +25,12 @@ from sinkflex.service_cli import (
     no_metrics_option,
     parse_flags,
     service_app,
+    tls_ca_option,
+    tls_cert_option,
+    tls_client_auth_option,
+    tls_key_option,
+    tls_section,
+    use_tls,
     version_option,
 )
 
@@ -49,6 +55,10 @@ def cli(
     redis_url: Optional[str] = typer.Option(None, metavar="URL", help="overrides buffer.url"),
     rollout_address: Optional[str] = typer.Option(
         None, metavar="HOST:PORT", help="overrides rollout_address (of the RolloutService)"),
+    tls_cert: Optional[str] = tls_cert_option(),
+    tls_key: Optional[str] = tls_key_option(),
+    tls_ca: Optional[str] = tls_ca_option(),
+    tls_client_auth: bool = tls_client_auth_option(),
     log_level: str = typer.Option("INFO", metavar="LEVEL", help="logging level: DEBUG, INFO, WARNING or ERROR"),
 ) -> None:
     """The GRPO learner; run it under torchrun for FSDP2.
@@ -89,6 +99,7 @@ def config_from_args(args: Namespace):
         data.setdefault("buffer", {})["url"] = args.redis_url
     if args.rollout_address:
         data["rollout_address"] = args.rollout_address
+    data["tls"] = tls_section(data.get("tls"), args)
     return validate_config(data, LearnerConfig, source="command line")
 
 
@@ -116,6 +127,7 @@ def run(args: Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s [rank {rank}] %(name)s: %(message)s")
     cfg = config_from_args(args)
+    use_tls("learner_service", cfg.tls)
     init_distributed()
 
     from learner_service.checkpoint import load_checkpoint
@@ -139,6 +151,7 @@ def run(args: Namespace) -> int:
 
         server = ServiceServer(
             port=args.port, service_names=[SERVICE_NAME], host=args.host, metrics_port=metrics_port_from(args),
+            tls=cfg.tls,
         )
         learner_pb2_grpc.add_LearnerServiceServicer_to_server(LearnerServicer(runner), server.server)
 

@@ -1,10 +1,17 @@
 """Checkpoint and resume: weights, optimiser, scheduler, RNG, policy version, trained groups.
 
 Layout: ``<run_dir>/checkpoints/step_<N:08d>/`` with ``model.pt`` (full state dict),
-``optim.pt`` (full optimiser state), ``extra.pt`` (scheduler, shuffle generator, the RNG
+``optim.pt`` (full optimiser state), ``extra.json`` (scheduler, shuffle generator, the RNG
 states of every rank) and ``state.json`` (step, policy version, trained group ids — the
 record that makes training exactly-once), plus ``<run_dir>/checkpoints/latest`` naming
 the newest one.
+
+Nothing is unpickled: ``model.pt`` and ``optim.pt`` load with ``weights_only=True`` (tensors
+and plain containers only), and the extra state is JSON (`extra_to_json`: tensors as dtype,
+shape and base64 bytes, tuples tagged), so a checkpoint another process wrote cannot run code
+in the learner. A checkpoint of an older version has ``extra.pt`` instead; it still loads,
+with ``weights_only=True`` (what it holds, RNG byte tensors, ints, floats, lists, tuples and
+dicts, passes); one that does not load that way is refused, naming the file.
 
 Durability: rank 0 writes everything into a temporary folder, fsyncs each file, renames
 the folder into place, fsyncs the parent, and only then rewrites ``latest`` (tmp +
@@ -20,6 +27,7 @@ node; for gpt-oss-20b on many nodes, a sharded DCP save would avoid the rank-0 g
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -75,6 +83,78 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+#: The extra state's file (JSON) and the older pickle it replaces (read with weights_only=True).
+EXTRA_JSON = "extra.json"
+EXTRA_PT = "extra.pt"
+
+
+def _to_json(value):
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        return {"__tensor__": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                "b64": base64.b64encode(data).decode("ascii")}
+    if isinstance(value, tuple):
+        return {"__tuple__": [_to_json(v) for v in value]}
+    if isinstance(value, list):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return {"__dict__": [[_to_json(k), _to_json(v)] for k, v in value.items()]}
+        return {k: _to_json(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"checkpoint extra state: cannot store a {type(value).__name__} as JSON")
+
+
+def _from_json(value):
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if isinstance(value, dict):
+        if "__tensor__" in value:
+            dtype = getattr(torch, value["__tensor__"])
+            data = bytearray(base64.b64decode(value["b64"]))
+            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            return flat.reshape(value["shape"]).clone()
+        if "__tuple__" in value:
+            return tuple(_from_json(v) for v in value["__tuple__"])
+        if "__dict__" in value:
+            return {_from_json(k): _from_json(v) for k, v in value["__dict__"]}
+        return {k: _from_json(v) for k, v in value.items()}
+    return value
+
+
+def extra_to_json(extra: dict) -> str:
+    """The checkpoint's extra state (scheduler, generator and RNG states) as JSON text, exactly
+    restorable by `extra_from_json` (tensors: dtype, shape, base64 bytes; tuples tagged)."""
+    return json.dumps(_to_json(extra))
+
+
+def extra_from_json(text: str) -> dict:
+    """The inverse of `extra_to_json`."""
+    return _from_json(json.loads(text))
+
+
+def load_extra(path: Path) -> dict:
+    """The extra state of the checkpoint at `path`: ``extra.json``, else an older ``extra.pt``
+    loaded with ``weights_only=True`` (never unpickling arbitrary objects).
+
+    Raises:
+        FileNotFoundError: neither file is there.
+        ValueError: ``extra.pt`` holds something ``weights_only`` refuses (the file is named).
+    """
+    if (path / EXTRA_JSON).is_file():
+        return extra_from_json((path / EXTRA_JSON).read_text())
+    old = path / EXTRA_PT
+    if not old.is_file():
+        raise FileNotFoundError(f"{path}: no {EXTRA_JSON} (nor an older {EXTRA_PT}): incomplete checkpoint")
+    try:
+        return torch.load(old, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch's UnpicklingError and friends
+        raise ValueError(f"{old}: refused: it does not load with weights_only=True (only tensors and plain "
+                         f"containers are read from a checkpoint; nothing is unpickled): {err}") from None
+
+
 def _barrier(learner: Learner) -> None:
     if learner.world > 1:
         dist.barrier()
@@ -115,7 +195,7 @@ def save_checkpoint(learner: Learner) -> Path:
             "rng": rngs,
             "world": learner.world,
         }
-        torch.save(extra, tmp / "extra.pt")
+        (tmp / EXTRA_JSON).write_text(extra_to_json(extra))
         (tmp / "state.json").write_text(json.dumps(learner.state.__dict__, indent=1))
         for f in tmp.iterdir():
             _fsync_file(f)
@@ -175,7 +255,7 @@ def load_checkpoint(learner: Learner, path: str | Path | None = None) -> Path | 
     set_model_state_dict(learner.model, model_sd, options=opts)
     optim_sd = torch.load(path / "optim.pt", map_location="cpu", weights_only=True) if learner.rank == 0 or learner.world == 1 else {}
     set_optimizer_state_dict(learner.model, learner.optimizer, optim_sd, options=opts)
-    extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=False)
+    extra = load_extra(path)
     learner.scheduler.load_state_dict(extra["scheduler"])
     learner.shuffle_gen.set_state(extra["shuffle_gen"])
     rngs = extra["rng"]

@@ -14,6 +14,7 @@ import os
 from pydantic import Field, field_validator, model_validator
 
 from sinkflex.config import StrictModel, load_config
+from sinkflex.tls import TLSConfig
 
 
 class ModelConfig(StrictModel):
@@ -200,6 +201,10 @@ class LearnerConfig(StrictModel):
     step_delay_s: float = Field(0.0, ge=0)
     """Testing and benchmarks only: sleep this long before every learner step (a learner slowed
     on purpose; counted as busy, not idle). 0: off."""
+    tls: TLSConfig = Field(
+        default_factory=TLSConfig,
+        description="TLS / mutual TLS of the gRPC server, and of this service's clients (sinkflex.tls; default: plaintext).",
+    )
 
 
 def load_learner_config(path: str | Path) -> LearnerConfig:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from argparse import Namespace
 from pathlib import Path
 
 import typer
@@ -17,6 +18,12 @@ from sinkflex.service_cli import (
     no_metrics_option,
     resolve_metrics_port,
     service_app,
+    tls_ca_option,
+    tls_cert_option,
+    tls_client_auth_option,
+    tls_key_option,
+    tls_section,
+    use_tls,
     version_option,
 )
 
@@ -44,6 +51,10 @@ def main(
         None, metavar="URL", help="judge's OpenAI-compatible base URL, e.g. http://h:8000/v1"),
     judge_api_key: str | None = typer.Option(
         None, metavar="KEY", envvar="SINKFLEX_JUDGE_API_KEY", help="judge's API key"),
+    tls_cert: str | None = tls_cert_option(),
+    tls_key: str | None = tls_key_option(),
+    tls_ca: str | None = tls_ca_option(),
+    tls_client_auth: bool = tls_client_auth_option(),
     config: Path | None = typer.Option(None, metavar="FILE", help="YAML RewardServiceConfig; flags override it"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging"),
     version: bool = version_option("reward_service"),
@@ -83,11 +94,14 @@ def main(
                 judge[key] = value
         if judge.get("model"):  # an API key alone (e.g. from the environment) enables no judge
             base["judge"] = judge
+        base["tls"] = tls_section(base.get("tls"), Namespace(tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
+                                                              tls_client_auth=tls_client_auth))
         cfg = validate_config(base, RewardServiceConfig, source="flags")
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(2) from None
 
+    use_tls("reward_service", cfg.tls)
     from tau2_adapter.tasks import domain_tasks
 
     try:  # a bad task file fails here, with its name, before any port is bound (loads are cached)

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 
 from sinkflex.config import StrictModel
 from sinkflex.serving import DEFAULT_MAX_MESSAGE_BYTES
+from sinkflex.tls import TLSConfig
 
 #: Default gRPC port and Prometheus port of the reward service (see the brief's port table).
 DEFAULT_PORT = 50052
@@ -82,6 +83,10 @@ class RewardServiceConfig(StrictModel):
         ),
     )
 
+    tls: TLSConfig = Field(
+        default_factory=TLSConfig,
+        description="TLS / mutual TLS of the gRPC server, and of this service's clients (sinkflex.tls; default: plaintext).",
+    )
     @field_validator("preload_envs")
     @classmethod
     def _no_empty_env(cls, v: list[str]) -> list[str]:

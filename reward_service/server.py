@@ -56,6 +56,7 @@ def build_server(config: RewardServiceConfig, catalog: TaskCatalog | None = None
         grace_seconds=config.grace_seconds,
         metrics_port=config.metrics_port,
         metrics_service="reward",
+        tls=config.tls,
     )
     reward_pb2_grpc.add_RewardServiceServicer_to_server(servicer, server.server)
     return server, servicer

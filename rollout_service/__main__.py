@@ -23,6 +23,12 @@ from sinkflex.service_cli import (
     no_metrics_option,
     parse_flags,
     service_app,
+    tls_ca_option,
+    tls_cert_option,
+    tls_client_auth_option,
+    tls_key_option,
+    tls_section,
+    use_tls,
     version_option,
 )
 
@@ -70,6 +76,10 @@ def cli(
     max_new_tokens: Optional[int] = typer.Option(None, metavar="N", help="generated tokens per turn"),
     max_context_tokens: Optional[int] = typer.Option(None, metavar="N", help="tokens per trajectory"),
     temperature: Optional[float] = typer.Option(None, metavar="T", help="sampling temperature of the policy, >= 0"),
+    tls_cert: Optional[str] = tls_cert_option(),
+    tls_key: Optional[str] = tls_key_option(),
+    tls_ca: Optional[str] = tls_ca_option(),
+    tls_client_auth: bool = tls_client_auth_option(),
     log_level: str = typer.Option("INFO", metavar="LEVEL", help="logging level: DEBUG, INFO, WARNING or ERROR"),
 ) -> None:
     """Run the agent loop on a vLLM engine, served over gRPC until SIGTERM.
@@ -115,6 +125,7 @@ def config_from_args(args: Namespace):
                      "redis_url": args.redis_url, "user_sim_port": args.user_sim_port}.items():
         if val is not None:
             base[key] = val
+    base["tls"] = tls_section(base.get("tls"), args)
     return validate_config(base, RolloutConfig, source="command line")
 
 
@@ -127,6 +138,7 @@ def run(args: Namespace) -> None:
     """Serves with the parsed flags until SIGTERM."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = config_from_args(args)
+    use_tls("rollout_service", config.tls)
     from rollout_service.server import build_server
 
     server, worker = build_server(config, port=args.port, host=args.host, metrics_port=metrics_port_from(args))

@@ -11,6 +11,7 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 
 from sinkflex.config import StrictModel
+from sinkflex.tls import TLSConfig
 
 
 class EngineConfig(StrictModel):
@@ -121,6 +122,11 @@ class RolloutConfig(StrictModel):
     """Per env name: where its reward comes from and how its episodes end (`EnvRoute`). An env
     not listed gets the defaults: scored by the reward service (τ²-Bench domains keep τ²-Bench's
     checker), text replies go to the user."""
+
+    tls: TLSConfig = Field(
+        default_factory=TLSConfig,
+        description="TLS / mutual TLS of the gRPC server, and of this service's clients (sinkflex.tls; default: plaintext).",
+    )
 
     def route(self, env: str) -> EnvRoute:
         """The settings of `env` (the defaults when it is not listed in `envs`)."""

@@ -66,7 +66,7 @@ def build_server(config: RolloutConfig, port: int = 50053, host: str = "127.0.0.
         (server, worker); `server.port` is the bound port (port 0: any free one).
     """
     server = ServiceServer(port=port, service_names=[SERVICE_NAME], host=host, metrics_port=metrics_port,
-                           grace_seconds=grace_seconds)
+                           grace_seconds=grace_seconds, tls=config.tls)
     servicer = RolloutServicer()
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server.server)
     server.start()

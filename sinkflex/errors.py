@@ -114,6 +114,14 @@ def raise_as_service_error(method: F) -> F:
         try:
             return method(*args, **kwargs)
         except grpc.RpcError as err:
-            raise ServiceError.from_rpc_error(err) from None
+            error = ServiceError.from_rpc_error(err)
+            tls = getattr(getattr(args[0], "channel", None), "_sinkflex_tls", None) if args else None
+            if tls is not None and error.code == grpc.StatusCode.UNAVAILABLE:
+                from sinkflex.tls import unavailable_hint
+
+                hint = unavailable_hint(error.message, tls)
+                if hint:
+                    error = ServiceError(error.code, f"{error.message} ({hint})")
+            raise error from None
 
     return wrapper  # type: ignore[return-value]

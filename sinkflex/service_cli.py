@@ -132,3 +132,54 @@ def parse_flags(app: typer.Typer, argv: list[str] | None = None, *, prog: str | 
         if hasattr(err, "show"):
             err.show()
         raise SystemExit(code) from None
+
+
+# ------------------------------------------------------------------ TLS (sinkflex.tls)
+#: The services' `--tls-*` flags, each also read from its SINKFLEX_TLS_* environment variable.
+def tls_cert_option() -> Any:
+    """`tls_cert: Optional[str] = tls_cert_option()`: `--tls-cert FILE` (SINKFLEX_TLS_CERT_FILE)."""
+    return typer.Option(None, "--tls-cert", metavar="FILE", envvar="SINKFLEX_TLS_CERT_FILE", show_envvar=True,
+                        help="serve TLS with this PEM certificate (with --tls-key); also this service's client "
+                             "certificate to other services (mutual TLS) (default: plaintext)")
+
+
+def tls_key_option() -> Any:
+    """`tls_key: Optional[str] = tls_key_option()`: `--tls-key FILE` (SINKFLEX_TLS_KEY_FILE)."""
+    return typer.Option(None, "--tls-key", metavar="FILE", envvar="SINKFLEX_TLS_KEY_FILE", show_envvar=True,
+                        help="PEM private key of --tls-cert")
+
+
+def tls_ca_option() -> Any:
+    """`tls_ca: Optional[str] = tls_ca_option()`: `--tls-ca FILE` (SINKFLEX_TLS_CA_FILE)."""
+    return typer.Option(None, "--tls-ca", metavar="FILE", envvar="SINKFLEX_TLS_CA_FILE", show_envvar=True,
+                        help="PEM CA bundle: verifies client certificates (--tls-client-auth) and the other "
+                             "services this one calls")
+
+
+def tls_client_auth_option() -> Any:
+    """`tls_client_auth: bool = tls_client_auth_option()`: `--tls-client-auth` (SINKFLEX_TLS_CLIENT_AUTH)."""
+    return typer.Option(False, "--tls-client-auth", envvar="SINKFLEX_TLS_CLIENT_AUTH", show_envvar=True,
+                        help="mutual TLS: refuse clients without a certificate signed by --tls-ca")
+
+
+def tls_section(base: Any, args: Any) -> dict:
+    """A config's `tls` section (`base`: a TLSConfig, a dict or None) with the parsed `--tls-*`
+    flags (`args.tls_cert`, `.tls_key`, `.tls_ca`, `.tls_client_auth`) laid over it."""
+    from sinkflex.tls import merge_flags
+
+    return merge_flags(base, cert=getattr(args, "tls_cert", None), key=getattr(args, "tls_key", None),
+                       ca=getattr(args, "tls_ca", None), client_auth=getattr(args, "tls_client_auth", False))
+
+
+def use_tls(service: str, tls: Any) -> None:
+    """At a service's start: reads its TLS files (a bad one: exit 2 naming it) and makes its
+    `tls` the TLS of the channels it opens to other services (when on)."""
+    from sinkflex.tls import TLSError, set_client_tls
+
+    try:
+        tls.check("server")
+    except TLSError as err:
+        typer.echo(f"{service}: cannot start: {err}", err=True)
+        raise SystemExit(2) from None
+    if tls.active:
+        set_client_tls(tls)

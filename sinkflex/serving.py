@@ -29,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sinkflex.errors import ServiceError, bound_message
 from sinkflex.metrics import MetricsServer, ServiceMetrics, start_metrics_server
+from sinkflex.tls import TLSConfig, client_tls, unavailable_hint
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,30 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
     ]
 
 
-def make_channel(address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> grpc.Channel:
-    """An insecure channel to `address` ("host:port") with the message-size limits set."""
-    return grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+def make_channel(address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 tls: TLSConfig | None = None) -> grpc.Channel:
+    """A channel to `address` ("host:port") with the message-size limits set.
+
+    `tls` None: the process's client TLS (`sinkflex.tls.client_tls()`: what the service set,
+    else the SINKFLEX_TLS_* environment), plaintext when that is off. The channel remembers
+    whether it is TLS (`channel_is_tls`), so errors can say when a mismatch is the likely cause.
+    """
+    tls = tls if tls is not None else client_tls()
+    if tls.active:
+        channel = grpc.secure_channel(address, tls.channel_credentials(),
+                                      options=[*channel_options(max_message_bytes), *tls.channel_options()])
+    else:
+        channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    try:
+        channel._sinkflex_tls = tls.active  # type: ignore[attr-defined]
+    except AttributeError:  # a channel type without a __dict__: no hint
+        pass
+    return channel
+
+
+def channel_is_tls(channel: grpc.Channel) -> bool | None:
+    """Whether `make_channel` made `channel` with TLS (None: not one of its channels)."""
+    return getattr(channel, "_sinkflex_tls", None)
 
 
 def wait_for_serving(channel: grpc.Channel, service: str = "", timeout: float = 60.0) -> None:
@@ -69,6 +91,10 @@ def wait_for_serving(channel: grpc.Channel, service: str = "", timeout: float = 
             last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
         except grpc.RpcError as err:  # not up yet
             last = f"{err.code().name}: {err.details()}"
+            tls = channel_is_tls(channel)
+            hint = unavailable_hint(err.details() or "", tls) if tls is not None else ""
+            if hint and err.code() == grpc.StatusCode.UNAVAILABLE:
+                last = f"{last} ({hint})"
         time.sleep(0.1)
     raise TimeoutError(f"service {service!r} not SERVING after {timeout:.0f}s: {last}")
 
@@ -183,7 +209,9 @@ class ServiceServer:
     `sinkflex_service` label (default: from the first service name, "EnvService" -> "env").
     `interceptors` are extra `grpc.ServerInterceptor`s, run after the metrics one and
     before `BadRequestInterceptor` (always installed, innermost: undecodable request bytes
-    are INVALID_ARGUMENT, and counted so by the metrics).
+    are INVALID_ARGUMENT, and counted so by the metrics). `tls` (`sinkflex.tls.TLSConfig`,
+    None or inactive: plaintext as before) serves TLS, or mutual TLS with
+    `require_client_auth`; its files are read by `start()` (`TLSError` naming a bad one).
     """
 
     port: int
@@ -195,6 +223,7 @@ class ServiceServer:
     metrics_port: int | None = None
     metrics_service: str | None = None
     interceptors: Sequence[grpc.ServerInterceptor] = ()
+    tls: TLSConfig | None = None
 
     def __post_init__(self) -> None:
         self.service_names = list(self.service_names)
@@ -225,7 +254,10 @@ class ServiceServer:
 
     def start(self) -> int:
         """Binds and starts serving (health NOT_SERVING). Returns the bound port."""
-        bound = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        if self.tls is not None and self.tls.active:
+            bound = self.server.add_secure_port(f"{self.host}:{self.port}", self.tls.server_credentials())
+        else:
+            bound = self.server.add_insecure_port(f"{self.host}:{self.port}")
         if bound == 0:
             raise OSError(f"could not bind {self.host}:{self.port}")
         self.port = bound
@@ -234,7 +266,8 @@ class ServiceServer:
             self.metrics_port = self._metrics_server.port
             log.info("Prometheus metrics on http://%s:%d/metrics", self.host, self.metrics_port)
         self.server.start()
-        log.info("listening on %s:%d (%s)", self.host, bound, ", ".join(self.service_names))
+        log.info("listening on %s:%d (%s; %s)", self.host, bound, ", ".join(self.service_names),
+                 self.tls.describe() if self.tls is not None else "plaintext")
         return bound
 
     def set_serving(self) -> None:

@@ -15,7 +15,7 @@ from typing import Self, TypeVar
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.buffer.embedded import redacted, resolve_redis_url
@@ -30,6 +30,25 @@ PAYLOAD_TYPE = common_pb2.TrajectoryGroup.DESCRIPTOR.full_name
 
 # Longest single XREADGROUP BLOCK; `read` loops for longer `block_ms`.
 _MAX_BLOCK_MS = 10_000
+
+
+def _retryable(err: BaseException) -> bool:
+    """A connection error or timeout that a retry may cure (not a refused password)."""
+    return isinstance(err, (redis.ConnectionError, redis.TimeoutError)) and not isinstance(err, redis.AuthenticationError)
+
+
+def _warn_if_open(url: str) -> None:
+    """Logs a warning for a TCP Redis URL with no password to a host that is not loopback."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return
+    if parts.scheme in ("redis", "rediss") and not parts.password and parts.hostname not in (
+            None, "localhost", "127.0.0.1", "::1"):
+        log.warning("Redis at %s has no password in its URL: anyone who reaches it can read and write the "
+                    "trajectories; set one (requirepass) and give it as redis://:PASSWORD@host:port/0", url)
 
 
 class BufferConnectionError(ConnectionError):
@@ -137,6 +156,7 @@ class TrajectoryBuffer:
         if retry_attempts < 1:
             raise ValueError(f"retry_attempts must be >= 1, got {retry_attempts}")
         self.url = resolve_redis_url(url)
+        _warn_if_open(self.url)
         self.stream = stream
         self.consumer_group = consumer_group
         self.max_pending_groups = max_pending_groups
@@ -187,11 +207,16 @@ class TrajectoryBuffer:
             for attempt in Retrying(
                 stop=stop_after_attempt(self.retry_attempts),
                 wait=wait_exponential(multiplier=0.1, max=2.0),
-                retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError)),
+                retry=retry_if_exception(_retryable),
                 reraise=True,
             ):
                 with attempt:
                     return fn(*args, **kwargs)
+        except redis.AuthenticationError as err:  # a ConnectionError in redis-py, but retrying cannot help
+            raise BufferConnectionError(
+                f"Redis at {redacted(self.url)} refused the connection: authentication failed ({err}); give its "
+                "password in the URL, redis://:PASSWORD@host:port/0 (REDIS_URL, buffer.url)"
+            ) from err
         except (redis.ConnectionError, redis.TimeoutError) as err:
             raise BufferConnectionError(
                 f"cannot reach Redis at {redacted(self.url)} (stream {self.stream!r}) "

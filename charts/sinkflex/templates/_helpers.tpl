@@ -266,26 +266,46 @@ tolerations:
 {{- end }}
 {{- end }}
 
-{{/* Probes: native gRPC probes on grpc.health.v1: (dict "root" $ "port" 50051 "service" "sinkflex.api.env.v1.EnvService" "startup" 300) */}}
+{{/* Probes on grpc.health.v1: (dict "root" $ "port" 50051 "service" "sinkflex.api.env.v1.EnvService" "startup" 300).
+Kubernetes' native gRPC probes speak plaintext only: with tls.enabled the probes run the image's
+`python -m sinkflex.healthcheck` on 127.0.0.1 instead (TLS from the SINKFLEX_TLS_* variables;
+the certificate must name 127.0.0.1). */}}
 {{- define "sinkflex.grpcProbes" -}}
 {{- $p := .root.Values.probes }}
+{{- $tls := .root.Values.tls.enabled }}
+{{- $address := printf "127.0.0.1:%v" .port }}
 startupProbe:
+  {{- if $tls }}
+  exec:
+    command: ["python", "-m", "sinkflex.healthcheck", {{ $address | quote }}, "--service", {{ .service | quote }}, "--timeout", {{ $p.timeoutSeconds | quote }}]
+  {{- else }}
   grpc:
     port: {{ .port }}
     service: {{ .service | quote }}
+  {{- end }}
   periodSeconds: {{ $p.periodSeconds }}
   timeoutSeconds: {{ $p.timeoutSeconds }}
   failureThreshold: {{ max 1 (div .startup $p.periodSeconds) }}
 readinessProbe:
+  {{- if $tls }}
+  exec:
+    command: ["python", "-m", "sinkflex.healthcheck", {{ $address | quote }}, "--service", {{ .service | quote }}, "--timeout", {{ $p.timeoutSeconds | quote }}]
+  {{- else }}
   grpc:
     port: {{ .port }}
     service: {{ .service | quote }}
+  {{- end }}
   periodSeconds: {{ $p.periodSeconds }}
   timeoutSeconds: {{ $p.timeoutSeconds }}
   failureThreshold: {{ $p.failureThreshold }}
 livenessProbe:
+  {{- if $tls }}
+  exec:
+    command: ["python", "-m", "sinkflex.healthcheck", {{ $address | quote }}, "--timeout", {{ $p.timeoutSeconds | quote }}]
+  {{- else }}
   grpc:
     port: {{ .port }}
+  {{- end }}
   periodSeconds: {{ $p.periodSeconds }}
   timeoutSeconds: {{ $p.timeoutSeconds }}
   failureThreshold: {{ $p.failureThreshold }}
@@ -314,4 +334,61 @@ livenessProbe:
   emptyDir:
     medium: Memory
     sizeLimit: {{ .size }}
+{{- end }}
+
+{{/* Security ------------------------------------------------------------ */}}
+
+{{/* A container's securityContext: .Values.securityContext, with readOnlyRootFilesystem when
+the container can run so and .Values.readOnlyRootFilesystem: (dict "root" $ "readOnly" true) */}}
+{{- define "sinkflex.securityContext" -}}
+{{- $sc := deepCopy (.root.Values.securityContext | default dict) }}
+{{- if and .readOnly .root.Values.readOnlyRootFilesystem }}
+{{- $_ := set $sc "readOnlyRootFilesystem" true }}
+{{- end }}
+{{- toYaml $sc }}
+{{- end }}
+
+{{/* The writable paths of a read-only root filesystem (/tmp: derived configs, tempfiles,
+torchrun; $HOME: library caches), as emptyDirs. */}}
+{{- define "sinkflex.writableVolumes" -}}
+{{- if .Values.readOnlyRootFilesystem }}
+- name: tmp
+  emptyDir: {}
+- name: home
+  emptyDir: {}
+{{- end }}
+{{- end }}
+{{- define "sinkflex.writableMounts" -}}
+{{- if .Values.readOnlyRootFilesystem }}
+- {name: tmp, mountPath: /tmp}
+- {name: home, mountPath: /home/sinkflex}
+{{- end }}
+{{- end }}
+
+{{/* gRPC TLS (sinkflex.tls): the SINKFLEX_TLS_* variables every server, client and health
+check reads, pointing into the mounted certificate Secret (ca.crt, tls.crt, tls.key). */}}
+{{- define "sinkflex.tlsEnv" -}}
+{{- if .Values.tls.enabled }}
+- name: SINKFLEX_TLS_CA_FILE
+  value: {{ printf "%s/ca.crt" .Values.tls.mountPath | quote }}
+- name: SINKFLEX_TLS_CERT_FILE
+  value: {{ printf "%s/tls.crt" .Values.tls.mountPath | quote }}
+- name: SINKFLEX_TLS_KEY_FILE
+  value: {{ printf "%s/tls.key" .Values.tls.mountPath | quote }}
+- name: SINKFLEX_TLS_CLIENT_AUTH
+  value: {{ ternary "1" "0" .Values.tls.requireClientAuth | quote }}
+{{- end }}
+{{- end }}
+{{- define "sinkflex.tlsVolume" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ required "tls.existingSecret is required when tls.enabled=true (a Secret with ca.crt, tls.crt and tls.key)" .Values.tls.existingSecret | quote }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+{{- define "sinkflex.tlsMount" -}}
+{{- if .Values.tls.enabled }}
+- {name: tls, mountPath: {{ .Values.tls.mountPath | quote }}, readOnly: true}
+{{- end }}
 {{- end }}
