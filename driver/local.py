@@ -98,6 +98,11 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
         log.info("GPU placement: %s; learner --nproc_per_node=%d", placement.cuda_visible_devices, placement.learner_nproc)
     run_dir = cfg.run.dir()
     redis_url = cfg.services.redis_url or os.environ.get("REDIS_URL") or embedded_redis_url(path=str(run_dir / "redis" / "buffer.db"))
+    from sinkflex.buffer.embedded import embedded_redis_pid
+
+    redis_pid = embedded_redis_pid(redis_url)
+    if redis_pid:  # the embedded server runs in its own process: watched like a service
+        launcher.watch("redis", redis_pid)
     policy = _model(cfg, "policy")
     ports = {name: free_port() for name in ("env", "reward", "rollout", "learner", "user_sim")}
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
