@@ -1,0 +1,74 @@
+"""The launcher names a dead or frozen process in one line (driver/launcher.py), and a restarted
+consumer takes back the groups delivered to its previous incarnation (sinkflex/buffer/stream.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from driver.launcher import LocalLauncher, ManagedProcess, ServiceDied
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def test_dead_process_is_named_with_pid_and_signal(tmp_path):
+    with LocalLauncher(tmp_path) as launcher:
+        env, reward = launcher.start_all([ManagedProcess("env", SLEEP), ManagedProcess("reward", SLEEP)])
+        launcher.check_alive()
+        pids = json.loads((tmp_path / "pids.json").read_text())
+        assert pids["env"] == env.proc.pid and pids["reward"] == reward.proc.pid and pids["driver"] == os.getpid()
+        os.kill(reward.proc.pid, signal.SIGKILL)
+        message = launcher.diagnose(settle_s=5.0)
+        assert message is not None
+        assert message.startswith(f"reward service (pid {reward.proc.pid}) died (exit -9, signal SIGKILL)")
+        assert message.endswith("re-run the same command to resume") and "\n" not in message
+        with pytest.raises(ServiceDied, match="reward service"):
+            launcher.check_alive()
+
+
+def test_watched_and_frozen_processes_are_named(tmp_path):
+    with LocalLauncher(tmp_path, freeze_timeout_s=0.5) as launcher:
+        (env,) = launcher.start_all([ManagedProcess("env", SLEEP)])
+        import subprocess
+
+        other = subprocess.Popen(SLEEP)  # e.g. the embedded Redis: not launched here, watched
+        try:
+            launcher.watch("redis", other.pid)
+            assert json.loads((tmp_path / "pids.json").read_text())["redis"] == other.pid
+            os.kill(env.proc.pid, signal.SIGSTOP)
+            assert launcher.diagnose() is None  # stopped, not yet past the freeze timeout
+            time.sleep(0.7)
+            message = launcher.diagnose()
+            assert message is not None and message.startswith(f"env service (pid {env.proc.pid}) is frozen")
+            os.kill(env.proc.pid, signal.SIGCONT)
+            assert launcher.diagnose() is None
+            other.kill()
+            other.wait()
+            assert launcher.diagnose() == f"embedded Redis (pid {other.pid}) died; re-run the same command to resume"
+        finally:
+            other.kill()
+            other.wait()
+    assert env.proc.poll() is not None  # stop_all stopped it
+
+
+def test_restarted_consumer_takes_back_its_pending_groups():
+    from sinkflex.api.common.v1 import common_pb2
+    from sinkflex.buffer import TrajectoryBuffer, embedded_redis_url
+
+    url = embedded_redis_url()
+    stream = f"faults-{os.getpid()}-{time.monotonic_ns()}"
+    first = TrajectoryBuffer(url=url, stream=stream)
+    first.put(common_pb2.TrajectoryGroup(group_id="g1", task_id="t"))
+    (entry,) = first.read("learner-0", count=1, block_ms=100)
+    assert entry.group.group_id == "g1"  # delivered, then the consumer "dies" before its ack
+    first.put(common_pb2.TrajectoryGroup(group_id="g2", task_id="t"))
+    restarted = TrajectoryBuffer(url=url, stream=stream)  # claim_idle_ms (5 min) has not passed
+    got = restarted.read("learner-0", count=1, block_ms=100)
+    assert [e.group.group_id for e in got] == ["g1"]
+    restarted.ack(got)
+    assert [e.group.group_id for e in restarted.read("learner-0", count=1, block_ms=100)] == ["g2"]
