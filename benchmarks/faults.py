@@ -138,7 +138,8 @@ def kill_leftovers(run_dir: Path, seen: dict[str, int], since: float = 0.0) -> l
 def last_line(log_text: str) -> str:
     lines = [x.strip() for x in log_text.splitlines() if x.strip()]
     hits = [x for x in lines if "re-run the same command to resume" in x]
-    return hits[-1] if hits else (lines[-1] if lines else "")
+    line = hits[-1] if hits else (lines[-1] if lines else "")
+    return line.split("\x1b[A")[-1].strip()  # after a progress bar's cursor moves
 
 
 def check_invariants(run_dir: Path, steps: int, group_size: int) -> dict:

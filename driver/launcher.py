@@ -313,7 +313,36 @@ class LocalLauncher:
                 except ProcessLookupError:
                     pass
                 p.proc.wait()
+            self._stop_orphans(p, max(0.1, t0 + grace - time.monotonic()) if not force else 0.1)
         self.processes.clear()
+
+    def _stop_orphans(self, p: ManagedProcess, timeout: float) -> None:
+        """The watched children of `p` (its learner ranks, its engine process) that outlive it — its
+        leader was killed, e.g. torchrun by SIGKILL — get the rest of the grace (a rank checkpoints on
+        SIGTERM), then SIGKILL, so no process of this run outlives it."""
+        try:
+            import psutil
+        except ImportError:  # pragma: no cover
+            return
+        kinds = {"learner": "learner_rank", "rollout": "engine"}.get(p.name)
+        if kinds is None:
+            return
+        left = []
+        for name, pid in self.watched.items():
+            if name.startswith(kinds):
+                try:
+                    left.append(psutil.Process(pid))
+                except psutil.Error:
+                    continue
+        if not left:
+            return
+        _, alive = psutil.wait_procs(left, timeout=timeout)
+        for proc in alive:
+            log.warning("%s (pid %d) outlived %s: SIGKILL", kinds, proc.pid, p.name)
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
 
     def __enter__(self) -> "LocalLauncher":
         return self
