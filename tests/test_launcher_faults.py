@@ -72,3 +72,37 @@ def test_restarted_consumer_takes_back_its_pending_groups():
     assert [e.group.group_id for e in got] == ["g1"]
     restarted.ack(got)
     assert [e.group.group_id for e in restarted.read("learner-0", count=1, block_ms=100)] == ["g2"]
+
+
+def test_rollout_retries_a_restarting_reward_service():
+    """ScoreBatch is idempotent: UNAVAILABLE (a reward service restarting) is asked again with backoff;
+    a non-retryable error, or the last try's, propagates."""
+    import asyncio
+    import types
+
+    import grpc
+
+    from rollout_service.agent import AgentLoop
+    from sinkflex.errors import ServiceError
+
+    class Flaky:
+        def __init__(self, fails, code=grpc.StatusCode.UNAVAILABLE):
+            self.fails, self.code, self.calls = fails, code, 0
+
+        def score_batch(self, reqs):
+            self.calls += 1
+            if self.calls <= self.fails:
+                raise ServiceError(self.code, "connection refused")
+            return ["ok"] * len(reqs)
+
+    me = types.SimpleNamespace(totals={}, SCORE_RETRY_DELAYS_S=(0.0, 0.0, 0.0))
+    retrying = AgentLoop._score_batch_retrying
+    client = Flaky(2)
+    assert asyncio.run(retrying(me, client, [1, 2])) == ["ok", "ok"] and client.calls == 3
+    assert me.totals["reward_retries"] == 2
+    with pytest.raises(ServiceError):
+        asyncio.run(retrying(me, Flaky(9), [1]))
+    bad = Flaky(1, grpc.StatusCode.INVALID_ARGUMENT)
+    with pytest.raises(ServiceError):
+        asyncio.run(retrying(me, bad, [1]))
+    assert bad.calls == 1
