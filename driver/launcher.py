@@ -56,6 +56,11 @@ class ManagedProcess:
     """Seconds between SIGTERM and SIGKILL (None: the launcher's default)."""
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    max_restarts: int = 0
+    """How often the launcher restarts it when it dies (`LocalLauncher.check_alive`); 0: never."""
+    restarts: int = 0
+    ready_timeout_s: float = 300.0
+    """How long a restart waits for it to be ready."""
 
     def wait_ready(self, timeout: float) -> None:
         """Blocks until the process is ready.
@@ -142,6 +147,8 @@ class LocalLauncher:
         #: a process stopped (SIGSTOP, state T) for longer than this is reported as frozen
         self.freeze_timeout_s = freeze_timeout_s
         self._stopped_since: dict[int, float] = {}
+        #: one line per restart (`restart_dead`): what died
+        self.restart_log: list[str] = []
 
     def start(self, spec: ManagedProcess, ready_timeout: float = 300.0) -> ManagedProcess:
         """Starts `spec` in a new process group and waits until it is ready."""
@@ -208,7 +215,7 @@ class LocalLauncher:
         os.replace(tmp, path)
         return path
 
-    def _spawn(self, spec: ManagedProcess) -> None:
+    def _spawn(self, spec: ManagedProcess, register: bool = True) -> None:
         spec.log_path = self.log_dir / f"{spec.name}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         log.info("starting %s: %s", spec.name, " ".join(spec.argv))
@@ -216,14 +223,36 @@ class LocalLauncher:
             spec.proc = subprocess.Popen(  # noqa: S603 - our own services
                 spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
             )
-        self.processes.append(spec)
+        if register:
+            self.processes.append(spec)
 
     def check_alive(self) -> None:
         """Raises `ServiceDied` (one line naming it) if a launched or watched process has died, or has
         been stopped (SIGSTOP) for longer than `freeze_timeout_s`."""
-        problem = self.diagnose()
+        problem = self.restart_dead() or self.diagnose()
         if problem is not None:
             raise ServiceDied(problem)
+
+    def restart_dead(self) -> str | None:
+        """Restarts every dead process with restarts left (same argv, same port) and waits until it is
+        ready. Returns None, or one line when a restart failed."""
+        for p in self.processes:
+            if p.proc is None or p.proc.poll() is None or p.restarts >= p.max_restarts:
+                continue
+            label, old = LABELS.get(p.name, p.name), p.proc
+            note = f"{label} (pid {old.pid}) died ({exit_description(old.returncode)})"
+            p.restarts += 1
+            log.warning("%s: restarting it (%d of %d)", note, p.restarts, p.max_restarts)
+            self.restart_log.append(note)
+            self._spawn(p, register=False)
+            try:
+                p.wait_ready(p.ready_timeout_s)
+            except (RuntimeError, TimeoutError) as err:
+                first = str(err).splitlines()[0]
+                return f"{note}; its restart failed ({first}); {RESUME_HINT}"
+            log.warning("%s restarted (pid %d)", label, p.proc.pid)
+            self.write_pids()
+        return None
 
     def diagnose(self, settle_s: float = 0.0) -> str | None:
         """One line naming the first launched or watched process that died or stays frozen; None if all

@@ -149,7 +149,9 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
         if section not in paths:  # a running env server; no reward service needed
             continue
         specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
-                                    health=HEALTH[name], address=addresses[name], env={**common_env, **placement.env(name)}))
+                                    health=HEALTH[name], address=addresses[name], env={**common_env, **placement.env(name)},
+                                    max_restarts=cfg.local.max_restarts if name in cfg.local.restart_services else 0,
+                                    ready_timeout_s=cfg.local.ready_timeout_s))
     # env, reward and the engine load in parallel (the engine is the slow one)
     launcher.start_all(specs, ready_timeout=cfg.local.ready_timeout_s)
     if demos is not None and not demos.exists() and not _learner_started(run_dir):

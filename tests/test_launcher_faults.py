@@ -41,6 +41,11 @@ def test_watched_and_frozen_processes_are_named(tmp_path):
             launcher.watch("redis", other.pid)
             assert json.loads((tmp_path / "pids.json").read_text())["redis"] == other.pid
             os.kill(env.proc.pid, signal.SIGSTOP)
+            import psutil
+
+            deadline = time.monotonic() + 10
+            while psutil.Process(env.proc.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert launcher.diagnose() is None  # stopped, not yet past the freeze timeout
             time.sleep(0.7)
             message = launcher.diagnose()
@@ -106,3 +111,30 @@ def test_rollout_retries_a_restarting_reward_service():
     with pytest.raises(ServiceError):
         asyncio.run(retrying(me, bad, [1]))
     assert bad.calls == 1
+
+
+def test_dead_service_with_restarts_left_is_restarted(tmp_path):
+    """local.restart_services: a dead stateless service is started again (same argv) up to max_restarts
+    times; then its death stops the run like any other."""
+    with LocalLauncher(tmp_path) as launcher:
+        (reward,) = launcher.start_all([ManagedProcess("reward", SLEEP, max_restarts=1, ready_timeout_s=30)])
+        first = reward.proc.pid
+        os.kill(first, signal.SIGKILL)
+        reward.proc.wait()
+        launcher.check_alive()  # restarted, not raised
+        assert reward.proc.pid != first and reward.proc.poll() is None
+        assert json.loads((tmp_path / "pids.json").read_text())["reward"] == reward.proc.pid
+        assert launcher.restart_log == [f"reward service (pid {first}) died (exit -9, signal SIGKILL)"]
+        assert len(launcher.processes) == 1
+        os.kill(reward.proc.pid, signal.SIGKILL)
+        reward.proc.wait()
+        with pytest.raises(ServiceDied, match=f"reward service \\(pid {reward.proc.pid}\\) died"):
+            launcher.check_alive()
+
+
+def test_restart_config_defaults_off():
+    from driver.config import LocalConfig
+
+    assert LocalConfig().restart_services == [] and LocalConfig(restart_services=["reward"]).max_restarts == 2
+    with pytest.raises(Exception):
+        LocalConfig(restart_services=["learner"])

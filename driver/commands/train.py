@@ -109,6 +109,9 @@ def train(
         except Exception as err:  # noqa: BLE001 - a dead or frozen process is named, not a traceback
             died = err if isinstance(err, ServiceDied) else None
             message = str(err) if died else launcher.diagnose(settle_s=3.0)
+            if message is None and launcher.restart_log:  # restarted, but the step failed meanwhile
+                message = (f"{str(err).splitlines()[0]} (after: {launcher.restart_log[-1]}, restarted); "
+                           "re-run the same command to resume")
             if message is None:
                 raise
             controller.close()
