@@ -365,6 +365,12 @@ class LocalLauncher:
                     continue
         if not left:
             return
+        for proc in left:  # torchrun starts its ranks in their own session: the group's SIGTERM missed them
+            try:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+            except psutil.Error:
+                pass
         _, alive = psutil.wait_procs(left, timeout=timeout)
         for proc in alive:
             log.warning("%s (pid %d) outlived %s: SIGKILL", kinds, proc.pid, p.name)
