@@ -288,8 +288,19 @@ What each outcome means: the driver checks the launched processes (and the ones 
 the rollout service's vLLM engine process, the learner's rank, the embedded Redis) whenever it
 waits and after a failed call; a dead one, or one stopped for over 30 s (the poll deadline),
 ends the run with one line naming it, its pid and exit status, exit code 3, after stopping the
-others (the learner checkpoints). Nothing is restarted by itself yet.
+others (the learner checkpoints; ranks that outlive a killed torchrun get its SIGTERM too). A
+restarted learner takes back the groups delivered to its previous incarnation at once (they are
+trained, or dropped as stale and counted), not after `buffer.claim_idle_ms`. A dead vLLM engine
+turns the rollout service NOT_SERVING (health, Status, Rollout: UNAVAILABLE). Nothing is
+restarted by default; `local.restart_services: [reward]` (or env) restarts a dead stateless
+service up to `local.max_restarts` times while the rollout service retries its ScoreBatch
+with backoff (not measured in this table).
 """
+    done = {(r["process"], r["action"]) for r in rows}
+    missing = [f"{a} {b}" for a, b in ALL_FAULTS if (a, b) not in done]
+    if missing:
+        section += (f"\nNot in this table (the whole list takes ~9 min a fault on a 2-core machine; run "
+                    f"`benchmarks/faults.py` without `--faults`): {', '.join(missing)}.\n")
     old = md_path.read_text() if md_path.exists() else "# Reliability\n"
     marker = "\n## "
     parts = old.split(marker)
