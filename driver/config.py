@@ -207,6 +207,13 @@ class LocalConfig(StrictModel):
     ready_timeout_s: float = Field(600.0, gt=0)
     learner_stop_grace_s: float = Field(600.0, gt=0)
     """On stop the learner finishes its step and checkpoints; SIGKILL after this many seconds."""
+    restart_services: list[Literal["env", "reward"]] = Field(default_factory=list)
+    """Stateless services the launcher restarts (same port) when they die, up to max_restarts times
+    each; the rollout service retries its ScoreBatch calls meanwhile. An env restart loses its open
+    sessions: their episodes end as infrastructure errors. Empty (the default): a dead service stops
+    the run with one line naming it (re-run to resume)."""
+    max_restarts: int = Field(2, ge=0)
+    """Restarts per service in restart_services, per run."""
 
 
 TaskConfig.model_rebuild()

@@ -56,6 +56,11 @@ class ManagedProcess:
     """Seconds between SIGTERM and SIGKILL (None: the launcher's default)."""
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    max_restarts: int = 0
+    """How often the launcher restarts it when it dies (`LocalLauncher.check_alive`); 0: never."""
+    restarts: int = 0
+    ready_timeout_s: float = 300.0
+    """How long a restart waits for it to be ready."""
 
     def wait_ready(self, timeout: float) -> None:
         """Blocks until the process is ready.
@@ -95,6 +100,30 @@ class ManagedProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
+class ServiceDied(RuntimeError):
+    """A launched process (or a process it depends on) died or stays frozen: the message is one line
+    naming it, its pid and its exit status, and saying how to resume."""
+
+
+RESUME_HINT = "re-run the same command to resume"
+
+
+def exit_description(returncode: int) -> str:
+    """`exit -9, signal SIGKILL` for a negative Popen return code, `exit 1` otherwise."""
+    if returncode < 0:
+        try:
+            return f"exit {returncode}, signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"exit {returncode}"
+    return f"exit {returncode}"
+
+
+#: What each launched process is called in a message (its `ManagedProcess.name` otherwise).
+LABELS = {"env": "env service", "reward": "reward service", "rollout": "rollout service", "learner": "learner (torchrun)",
+          "user_sim": "user simulator", "engine": "vLLM engine of the rollout service", "learner_rank": "learner rank",
+          "redis": "embedded Redis"}
+
+
 class LocalLauncher:
     """Starts services as local processes and stops them all on exit. A context manager.
 
@@ -106,11 +135,20 @@ class LocalLauncher:
             ...
     """
 
-    def __init__(self, run_dir: str | Path, grace_seconds: float = 20.0):
-        self.log_dir = Path(run_dir) / "logs"
+    def __init__(self, run_dir: str | Path, grace_seconds: float = 20.0, freeze_timeout_s: float = 30.0):
+        self.run_dir = Path(run_dir)
+        self.log_dir = self.run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.grace_seconds = grace_seconds
         self.processes: list[ManagedProcess] = []
+        #: processes that are not launched here but watched like them: name -> pid (the embedded
+        #: Redis, the rollout service's vLLM engine process, the learner's ranks)
+        self.watched: dict[str, int] = {}
+        #: a process stopped (SIGSTOP, state T) for longer than this is reported as frozen
+        self.freeze_timeout_s = freeze_timeout_s
+        self._stopped_since: dict[int, float] = {}
+        #: one line per restart (`restart_dead`): what died
+        self.restart_log: list[str] = []
 
     def start(self, spec: ManagedProcess, ready_timeout: float = 300.0) -> ManagedProcess:
         """Starts `spec` in a new process group and waits until it is ready."""
@@ -129,9 +167,55 @@ class LocalLauncher:
         for spec in specs:
             spec.wait_ready(max(1.0, deadline - time.monotonic()))
             log.info("%s ready (pid %d%s)", spec.name, spec.proc.pid, f", {spec.address}" if spec.address else "")
+        self._watch_children()
+        self.write_pids()
         return specs
 
-    def _spawn(self, spec: ManagedProcess) -> None:
+    def watch(self, name: str, pid: int) -> None:
+        """Watches `pid` (not launched here) like a launched process; recorded in pids.json."""
+        self.watched[name] = pid
+        self.write_pids()
+
+    def _watch_children(self) -> None:
+        """Records the child processes that matter: the rollout service's engine process(es) and the
+        learner's ranks (torchrun's children)."""
+        try:
+            import psutil
+        except ImportError:  # pragma: no cover - psutil ships with the project
+            return
+        for p in self.processes:
+            if p.proc is None or p.name not in ("rollout", "learner"):
+                continue
+            try:
+                kids = psutil.Process(p.proc.pid).children(recursive=False)
+            except psutil.Error:
+                continue
+            if p.name == "rollout":  # vLLM's engine core runs in a child process (not the resource tracker)
+                kids = [k for k in kids if "resource_tracker" not in " ".join(_cmdline(k))]
+                for i, k in enumerate(kids):
+                    self.watched["engine" if i == 0 else f"engine_{i}"] = k.pid
+            else:
+                for i, k in enumerate(kids):
+                    self.watched["learner_rank" if i == 0 else f"learner_rank_{i}"] = k.pid
+
+    def pids(self) -> dict[str, int]:
+        """name -> pid of every launched and watched process, and this (the driver) process."""
+        out = {"driver": os.getpid()}
+        out.update({p.name: p.proc.pid for p in self.processes if p.proc is not None})
+        out.update(self.watched)
+        return out
+
+    def write_pids(self) -> Path:
+        """Writes `pids()` to <run_dir>/pids.json (for fault injection and operators)."""
+        import json
+
+        path = self.run_dir / "pids.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.pids(), indent=1) + "\n")
+        os.replace(tmp, path)
+        return path
+
+    def _spawn(self, spec: ManagedProcess, register: bool = True) -> None:
         spec.log_path = self.log_dir / f"{spec.name}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         log.info("starting %s: %s", spec.name, " ".join(spec.argv))
@@ -139,13 +223,94 @@ class LocalLauncher:
             spec.proc = subprocess.Popen(  # noqa: S603 - our own services
                 spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
             )
-        self.processes.append(spec)
+        if register:
+            self.processes.append(spec)
 
     def check_alive(self) -> None:
-        """Raises RuntimeError if a launched process has died."""
+        """Raises `ServiceDied` (one line naming it) if a launched or watched process has died, or has
+        been stopped (SIGSTOP) for longer than `freeze_timeout_s`."""
+        problem = self.restart_dead() or self.diagnose()
+        if problem is not None:
+            raise ServiceDied(problem)
+
+    def restart_dead(self) -> str | None:
+        """Restarts every dead process with restarts left (same argv, same port) and waits until it is
+        ready. Returns None, or one line when a restart failed."""
+        for p in self.processes:
+            if p.proc is None or p.proc.poll() is None or p.restarts >= p.max_restarts:
+                continue
+            label, old = LABELS.get(p.name, p.name), p.proc
+            note = f"{label} (pid {old.pid}) died ({exit_description(old.returncode)})"
+            p.restarts += 1
+            log.warning("%s: restarting it (%d of %d)", note, p.restarts, p.max_restarts)
+            self.restart_log.append(note)
+            self._spawn(p, register=False)
+            try:
+                p.wait_ready(p.ready_timeout_s)
+            except (RuntimeError, TimeoutError) as err:
+                first = str(err).splitlines()[0]
+                return f"{note}; its restart failed ({first}); {RESUME_HINT}"
+            log.warning("%s restarted (pid %d)", label, p.proc.pid)
+            self.write_pids()
+        return None
+
+    def diagnose(self, settle_s: float = 0.0) -> str | None:
+        """One line naming the first launched or watched process that died or stays frozen; None if all
+        are running. `settle_s`: after a failed call, wait up to this long for a dying process to exit
+        (a connection may break a moment before the process is gone)."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            problem = self._problem()
+            if problem is not None or time.monotonic() >= deadline:
+                return problem
+            time.sleep(0.2)
+
+    def _problem(self) -> str | None:
         for p in self.processes:
             if p.proc is not None and p.proc.poll() is not None:
-                raise RuntimeError(f"{p.name} died with code {p.proc.returncode}:\n{p.log_tail()}")
+                where = f" (log: {p.log_path})" if p.log_path else ""
+                # torchrun exits 1 when a rank dies: name the rank's own signal when we know it
+                return (f"{LABELS.get(p.name, p.name)} (pid {p.proc.pid}) died ({exit_description(p.proc.returncode)})"
+                        f"{self._rank_note(p)}{where}; {RESUME_HINT}")
+        try:
+            import psutil
+        except ImportError:  # pragma: no cover
+            return None
+        for name, pid in self.watched.items():
+            label = LABELS.get(name.rstrip("_0123456789"), name)
+            try:
+                status = psutil.Process(pid).status()
+            except psutil.NoSuchProcess:
+                return f"{label} (pid {pid}) died; {RESUME_HINT}"
+            except psutil.Error:
+                continue
+            if status == psutil.STATUS_ZOMBIE:
+                return f"{label} (pid {pid}) died (zombie); {RESUME_HINT}"
+        now = time.monotonic()
+        for name, pid in self.pids().items():
+            if name == "driver":
+                continue
+            try:
+                stopped = psutil.Process(pid).status() in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop"))
+            except psutil.Error:
+                continue
+            if not stopped:
+                self._stopped_since.pop(pid, None)
+                continue
+            since = self._stopped_since.setdefault(pid, now)
+            if now - since >= self.freeze_timeout_s:
+                label = LABELS.get(name.rstrip("_0123456789"), name)
+                return (f"{label} (pid {pid}) is frozen (stopped, e.g. SIGSTOP) for over {self.freeze_timeout_s:.0f}s; "
+                        f"{RESUME_HINT}")
+        return None
+
+    def _rank_note(self, p: ManagedProcess) -> str:
+        if p.name != "learner":
+            return ""
+        import psutil
+
+        gone = [pid for name, pid in self.watched.items() if name.startswith("learner_rank") and not psutil.pid_exists(pid)]
+        return f" after its rank (pid {gone[0]}) died" if gone else ""
 
     def stop_all(self) -> None:
         """SIGTERM every process group (reverse start order), SIGKILL after the grace period."""
@@ -154,6 +319,7 @@ class LocalLauncher:
                 log.info("stopping %s (pid %d)", p.name, p.proc.pid)
                 try:
                     os.killpg(p.proc.pid, signal.SIGTERM)
+                    os.killpg(p.proc.pid, signal.SIGCONT)  # a frozen (SIGSTOP) process must see its SIGTERM
                 except ProcessLookupError:
                     pass
         t0 = time.monotonic()
@@ -176,13 +342,55 @@ class LocalLauncher:
                 except ProcessLookupError:
                     pass
                 p.proc.wait()
+            self._stop_orphans(p, max(0.1, t0 + grace - time.monotonic()) if not force else 0.1)
         self.processes.clear()
+
+    def _stop_orphans(self, p: ManagedProcess, timeout: float) -> None:
+        """The watched children of `p` (its learner ranks, its engine process) that outlive it — its
+        leader was killed, e.g. torchrun by SIGKILL — get the rest of the grace (a rank checkpoints on
+        SIGTERM), then SIGKILL, so no process of this run outlives it."""
+        try:
+            import psutil
+        except ImportError:  # pragma: no cover
+            return
+        kinds = {"learner": "learner_rank", "rollout": "engine"}.get(p.name)
+        if kinds is None:
+            return
+        left = []
+        for name, pid in self.watched.items():
+            if name.startswith(kinds):
+                try:
+                    left.append(psutil.Process(pid))
+                except psutil.Error:
+                    continue
+        if not left:
+            return
+        for proc in left:  # torchrun starts its ranks in their own session: the group's SIGTERM missed them
+            try:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(left, timeout=timeout)
+        for proc in alive:
+            log.warning("%s (pid %d) outlived %s: SIGKILL", kinds, proc.pid, p.name)
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
 
     def __enter__(self) -> "LocalLauncher":
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop_all()
+
+
+def _cmdline(proc) -> list[str]:
+    try:
+        return proc.cmdline()
+    except Exception:  # noqa: BLE001 - psutil.Error: gone or not ours
+        return []
 
 
 def python_module(module: str, *args: str) -> list[str]:

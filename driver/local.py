@@ -98,6 +98,11 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
         log.info("GPU placement: %s; learner --nproc_per_node=%d", placement.cuda_visible_devices, placement.learner_nproc)
     run_dir = cfg.run.dir()
     redis_url = cfg.services.redis_url or os.environ.get("REDIS_URL") or embedded_redis_url(path=str(run_dir / "redis" / "buffer.db"))
+    from sinkflex.buffer.embedded import embedded_redis_pid
+
+    redis_pid = embedded_redis_pid(redis_url)
+    if redis_pid:  # the embedded server runs in its own process: watched like a service
+        launcher.watch("redis", redis_pid)
     policy = _model(cfg, "policy")
     ports = {name: free_port() for name in ("env", "reward", "rollout", "learner", "user_sim")}
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
@@ -144,7 +149,9 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
         if section not in paths:  # a running env server; no reward service needed
             continue
         specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
-                                    health=HEALTH[name], address=addresses[name], env={**common_env, **placement.env(name)}))
+                                    health=HEALTH[name], address=addresses[name], env={**common_env, **placement.env(name)},
+                                    max_restarts=cfg.local.max_restarts if name in cfg.local.restart_services else 0,
+                                    ready_timeout_s=cfg.local.ready_timeout_s))
     # env, reward and the engine load in parallel (the engine is the slow one)
     launcher.start_all(specs, ready_timeout=cfg.local.ready_timeout_s)
     if demos is not None and not demos.exists() and not _learner_started(run_dir):

@@ -318,7 +318,7 @@ class AgentLoop:
             return  # keep the env's own terminal reward (and its breakdown)
         reqs = [reward_pb2.ScoreRequest(env=t.env, task_id=t.task_id, messages=t.messages,
                                         termination_reason=t.termination_reason, solo_mode=solo_mode) for t in trajs]
-        items = await asyncio.to_thread(client.score_batch, reqs)
+        items = await self._score_batch_retrying(client, reqs)
         unknown = [(t, item) for t, item in zip(trajs, items) if item.error_code == grpc.StatusCode.NOT_FOUND.value[0]]
         if unknown:
             t, item = unknown[0]
@@ -332,6 +332,22 @@ class AgentLoop:
             if item.error:
                 t.metrics["reward_error"] = 1.0
         self._count_unscored(trajs)
+
+    #: Backoff (seconds) between tries of a ScoreBatch that failed UNAVAILABLE / DEADLINE_EXCEEDED (a reward
+    #: service restarting): scoring is idempotent, so it is asked again; then the error propagates.
+    SCORE_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+    async def _score_batch_retrying(self, client, reqs):
+        for delay in (*self.SCORE_RETRY_DELAYS_S, None):
+            try:
+                return await asyncio.to_thread(client.score_batch, reqs)
+            except ServiceError as err:
+                if not err.retryable or delay is None:
+                    raise
+                log.warning("reward ScoreBatch failed (%s); retrying in %.1fs", err.code.name, delay)
+                self.totals["reward_retries"] = self.totals.get("reward_retries", 0.0) + 1.0
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     def _count_unscored(self, trajs: Sequence[common_pb2.Trajectory]) -> None:
         """Metric `unscored` (1.0 / 0.0) on each trajectory, summed into `totals`: a NaN reward

@@ -304,6 +304,14 @@ class Engine:
         return seconds
 
     # -- lifecycle ------------------------------------------------------------------------------
+    def dead(self) -> bool:
+        """The engine process died (vLLM's AsyncLLM reports itself errored): nothing more will be generated."""
+        llm = getattr(self, "llm", None)
+        try:
+            return llm is not None and bool(getattr(llm, "errored", False))
+        except Exception:  # noqa: BLE001 - a half-shut engine counts as dead
+            return True
+
     def shutdown(self) -> None:
         """Stops the engine process and the loop thread."""
         llm = getattr(self, "llm", None)

@@ -38,8 +38,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def set_worker(self, worker: RolloutWorker) -> None:
         self._worker = worker
 
+    def _check_engine(self) -> None:
+        engine = getattr(self.worker, "engine", None)
+        if engine is not None and callable(getattr(engine, "dead", None)) and engine.dead():
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "the rollout service's vLLM engine process died: NOT_SERVING")
+
     def Rollout(self, request, context):
         try:
+            self._check_engine()
             for group in self.worker.rollout(request):
                 if not context.is_active():
                     log.warning("Rollout client went away; published groups stay in the buffer")
@@ -55,6 +61,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     @abort_on_error
     def Status(self, request, context):
+        self._check_engine()
         return self.worker.status()
 
 
@@ -74,4 +81,26 @@ def build_server(config: RolloutConfig, port: int = 50053, host: str = "127.0.0.
     servicer.set_worker(worker)
     server.set_serving()
     log.info("rollout service SERVING on %s:%d (model %s)", host, server.port, config.engine.model)
+    _watch_engine(server, worker)
     return server, worker
+
+
+def _watch_engine(server: ServiceServer, worker: RolloutWorker, every_s: float = 1.0) -> None:
+    """A daemon thread: once the engine process dies, health goes NOT_SERVING for good (a client that
+    health-checks, or the launcher, sees it; Rollout and Status fail UNAVAILABLE)."""
+    import threading
+    import time
+
+    engine = getattr(worker, "engine", None)
+    if engine is None or not callable(getattr(engine, "dead", None)):
+        return
+
+    def watch() -> None:
+        while not server._stopped.is_set():  # noqa: SLF001 - the server's own stop flag
+            if engine.dead():
+                log.error("the vLLM engine process died: rollout service NOT_SERVING")
+                server.set_not_serving()
+                return
+            time.sleep(every_s)
+
+    threading.Thread(target=watch, name="engine-watchdog", daemon=True).start()

@@ -273,6 +273,10 @@ class ServiceServer:
     def set_serving(self) -> None:
         self._set_all(health_pb2.HealthCheckResponse.SERVING)
 
+    def set_not_serving(self) -> None:
+        """Health NOT_SERVING while the server keeps answering (e.g. its engine died)."""
+        self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+
     def on_stop(self, fn: Callable[[], None]) -> None:
         """Registers a callback run after the server has stopped (free sessions, engines...)."""
         self._on_stop.append(fn)

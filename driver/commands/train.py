@@ -31,7 +31,9 @@ def train(
     the end or on Ctrl-C; a re-run resumes from the last checkpoint. Writes metrics (JSON
     lines, TensorBoard), plots and a summary to the run folder. Exits 2, naming the dotted
     field, when the config or an override is invalid (`sinkflex-rl config show` prints the
-    resolved config without training).
+    resolved config without training); exits 3 with one line naming the process when a
+    launched process (the rollout's engine, a learner rank, the embedded Redis) dies or stays
+    frozen: re-run the same command to resume.
     """
     import dataclasses
     import json
@@ -42,7 +44,7 @@ def train(
 
     from sinkflex.buffer import TrajectoryBuffer
     from sinkflex.config import ConfigError
-    from driver.launcher import LocalLauncher
+    from driver.launcher import LocalLauncher, ServiceDied
     from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
     from sinkflex.tracking import open_trackers
     from driver.config import load_train_config
@@ -64,6 +66,7 @@ def train(
     run_dir = cfg.run.dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     interrupted = False
+    stopped: str | None = None  # a launched process died or froze: its one-line message
 
     def _terminate(signum, _frame):  # SIGTERM (kill, docker stop, a timeout) stops like Ctrl-C
         raise KeyboardInterrupt(f"signal {signum}")
@@ -84,6 +87,10 @@ def train(
             if isinstance(err, ConfigError):
                 console.print(f"[red]{err}[/red]")
                 raise typer.Exit(2) from None
+            message = launcher.diagnose() if isinstance(err, Exception) else None
+            if message is not None:  # a service died while the others were starting
+                console.print(f"[red]{message}[/red]", soft_wrap=True)
+                raise typer.Exit(3) from None
             raise
         # task.reward_address: the reward service that scores task.env, not the experiment's
         controller = Controller(cfg, connect(addresses, reward=cfg.task.reward_address),
@@ -99,8 +106,25 @@ def train(
         except KeyboardInterrupt:
             interrupted = True
             console.print("[yellow]interrupted: stopping services (the learner checkpoints); re-run to resume[/yellow]")
+        except Exception as err:  # noqa: BLE001 - a dead or frozen process is named, not a traceback
+            died = err if isinstance(err, ServiceDied) else None
+            message = str(err) if died else launcher.diagnose(settle_s=3.0)
+            if message is None and launcher.restart_log:  # restarted, but the step failed meanwhile
+                message = (f"{str(err).splitlines()[0]} (after: {launcher.restart_log[-1]}, restarted); "
+                           "re-run the same command to resume")
+            if message is None:
+                raise
+            controller.close()
+            log.debug("stopped by %s: %s", type(err).__name__, err, exc_info=True)
+            console.print(f"[red]{message}[/red]", soft_wrap=True)
+            (run_dir / "stopped.json").write_text(json.dumps({"message": message, "error": f"{type(err).__name__}: "
+                                                              f"{str(err)[:2000]}", "time": time.time()}, indent=1))
+            stopped = message
         finally:
             controller.close()
+        if stopped is not None:  # stop the services (the learner checkpoints) before exiting
+            launcher.stop_all()
+            raise typer.Exit(3)
     # services are stopped: the learner has checkpointed and acknowledged what it trained
     records = read_metrics(run_dir)
     train_records = [r for r in records if r["kind"] == "train"]

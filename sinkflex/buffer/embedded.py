@@ -109,6 +109,23 @@ def embedded_redis_url(path: str | os.PathLike | None = None) -> str:
         return server.url
 
 
+def embedded_redis_pid(url: str) -> int | None:
+    """The pid of the embedded Redis server behind `url` (started or attached by this process); None
+    when `url` is not one of them."""
+    for server in _SERVERS.values():
+        if server.url == url:
+            pid = getattr(server.client, "pid", None)
+            if not pid:
+                pidfile = getattr(server.client, "pidfile", None)
+                try:
+                    with open(pidfile) as fh:
+                        pid = int(fh.read().strip() or 0)
+                except (TypeError, OSError, ValueError):
+                    pid = None
+            return pid or None
+    return None
+
+
 def _adopt(key: str) -> bool:
     """True when the process that started the server at `key` is gone (we now own it)."""
     try:

@@ -166,6 +166,7 @@ class TrajectoryBuffer:
         self.put_key_ttl_s = put_key_ttl_s
         self.dead_letter_maxlen = dead_letter_maxlen
         self.unconsumed_key = f"{stream}:unconsumed"
+        self._own_pending_taken: set[str] = set()  # consumers whose pending entries were taken back (read)
         self.trained_key = f"{stream}:trained"
         self.dead_letter_stream = f"{stream}:dead"
         try:
@@ -316,6 +317,16 @@ class TrajectoryBuffer:
             raise ValueError(f"count must be >= 1, got {count}")
         skip = set(skip_group_ids)
         deadline = time.monotonic() + max(block_ms, 0) / 1000
+        if consumer not in self._own_pending_taken:
+            # this consumer's first read in this process: entries still pending for its name were
+            # delivered to a previous incarnation (a restart after a crash) and are taken back now,
+            # not after claim_idle_ms (a re-run would otherwise train new groups and leave them behind)
+            self._own_pending_taken.add(consumer)
+            raw = self._call(self._own_pending, consumer, count)
+            if raw:
+                entries = self._accept(consumer, raw, skip)
+                if entries:
+                    return entries
         while True:
             raw = self._call(self._claim, consumer, count)
             if len(raw) < count:
@@ -363,6 +374,22 @@ class TrajectoryBuffer:
             entry_id = _s(p["message_id"])
             if entry_id not in exclude and not self._redis.xrange(self.stream, entry_id, entry_id):
                 out.append((entry_id, None, int(p["times_delivered"])))
+        return out
+
+    def _own_pending(self, consumer: str, count: int) -> list[tuple[str, dict | None, int]]:
+        """Entries pending for `consumer` (delivered to it, never acknowledged), oldest first."""
+        reply = self._redis.xreadgroup(self.consumer_group, consumer, {self.stream: "0"}, count=count)
+        out = []
+        for _stream, messages in reply or []:
+            for entry_id, fields in messages:
+                if not fields:  # deleted from the stream: _claim's dead-letter path handles it
+                    continue
+                entry_id = _s(entry_id)
+                info = self._redis.xpending_range(self.stream, self.consumer_group, entry_id, entry_id, 1)
+                out.append((entry_id, fields, int(info[0]["times_delivered"]) if info else 1))
+        if out:
+            log.warning("consumer %r took back %d entries it had been delivered before a restart: %s", consumer,
+                        len(out), [e[0] for e in out])
         return out
 
     def _read_new(self, consumer: str, count: int, block: int | None) -> list[tuple[str, dict | None, int]]:

@@ -1,0 +1,140 @@
+"""The launcher names a dead or frozen process in one line (driver/launcher.py), and a restarted
+consumer takes back the groups delivered to its previous incarnation (sinkflex/buffer/stream.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from driver.launcher import LocalLauncher, ManagedProcess, ServiceDied
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def test_dead_process_is_named_with_pid_and_signal(tmp_path):
+    with LocalLauncher(tmp_path) as launcher:
+        env, reward = launcher.start_all([ManagedProcess("env", SLEEP), ManagedProcess("reward", SLEEP)])
+        launcher.check_alive()
+        pids = json.loads((tmp_path / "pids.json").read_text())
+        assert pids["env"] == env.proc.pid and pids["reward"] == reward.proc.pid and pids["driver"] == os.getpid()
+        os.kill(reward.proc.pid, signal.SIGKILL)
+        message = launcher.diagnose(settle_s=5.0)
+        assert message is not None
+        assert message.startswith(f"reward service (pid {reward.proc.pid}) died (exit -9, signal SIGKILL)")
+        assert message.endswith("re-run the same command to resume") and "\n" not in message
+        with pytest.raises(ServiceDied, match="reward service"):
+            launcher.check_alive()
+
+
+def test_watched_and_frozen_processes_are_named(tmp_path):
+    with LocalLauncher(tmp_path, freeze_timeout_s=0.5) as launcher:
+        (env,) = launcher.start_all([ManagedProcess("env", SLEEP)])
+        import subprocess
+
+        other = subprocess.Popen(SLEEP)  # e.g. the embedded Redis: not launched here, watched
+        try:
+            launcher.watch("redis", other.pid)
+            assert json.loads((tmp_path / "pids.json").read_text())["redis"] == other.pid
+            os.kill(env.proc.pid, signal.SIGSTOP)
+            import psutil
+
+            deadline = time.monotonic() + 10
+            while psutil.Process(env.proc.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert launcher.diagnose() is None  # stopped, not yet past the freeze timeout
+            time.sleep(0.7)
+            message = launcher.diagnose()
+            assert message is not None and message.startswith(f"env service (pid {env.proc.pid}) is frozen")
+            os.kill(env.proc.pid, signal.SIGCONT)
+            assert launcher.diagnose() is None
+            other.kill()
+            other.wait()
+            assert launcher.diagnose() == f"embedded Redis (pid {other.pid}) died; re-run the same command to resume"
+        finally:
+            other.kill()
+            other.wait()
+    assert env.proc.poll() is not None  # stop_all stopped it
+
+
+def test_restarted_consumer_takes_back_its_pending_groups():
+    from sinkflex.api.common.v1 import common_pb2
+    from sinkflex.buffer import TrajectoryBuffer, embedded_redis_url
+
+    url = embedded_redis_url()
+    stream = f"faults-{os.getpid()}-{time.monotonic_ns()}"
+    first = TrajectoryBuffer(url=url, stream=stream)
+    first.put(common_pb2.TrajectoryGroup(group_id="g1", task_id="t"))
+    (entry,) = first.read("learner-0", count=1, block_ms=100)
+    assert entry.group.group_id == "g1"  # delivered, then the consumer "dies" before its ack
+    first.put(common_pb2.TrajectoryGroup(group_id="g2", task_id="t"))
+    restarted = TrajectoryBuffer(url=url, stream=stream)  # claim_idle_ms (5 min) has not passed
+    got = restarted.read("learner-0", count=1, block_ms=100)
+    assert [e.group.group_id for e in got] == ["g1"]
+    restarted.ack(got)
+    assert [e.group.group_id for e in restarted.read("learner-0", count=1, block_ms=100)] == ["g2"]
+
+
+def test_rollout_retries_a_restarting_reward_service():
+    """ScoreBatch is idempotent: UNAVAILABLE (a reward service restarting) is asked again with backoff;
+    a non-retryable error, or the last try's, propagates."""
+    import asyncio
+    import types
+
+    import grpc
+
+    from rollout_service.agent import AgentLoop
+    from sinkflex.errors import ServiceError
+
+    class Flaky:
+        def __init__(self, fails, code=grpc.StatusCode.UNAVAILABLE):
+            self.fails, self.code, self.calls = fails, code, 0
+
+        def score_batch(self, reqs):
+            self.calls += 1
+            if self.calls <= self.fails:
+                raise ServiceError(self.code, "connection refused")
+            return ["ok"] * len(reqs)
+
+    me = types.SimpleNamespace(totals={}, SCORE_RETRY_DELAYS_S=(0.0, 0.0, 0.0))
+    retrying = AgentLoop._score_batch_retrying
+    client = Flaky(2)
+    assert asyncio.run(retrying(me, client, [1, 2])) == ["ok", "ok"] and client.calls == 3
+    assert me.totals["reward_retries"] == 2
+    with pytest.raises(ServiceError):
+        asyncio.run(retrying(me, Flaky(9), [1]))
+    bad = Flaky(1, grpc.StatusCode.INVALID_ARGUMENT)
+    with pytest.raises(ServiceError):
+        asyncio.run(retrying(me, bad, [1]))
+    assert bad.calls == 1
+
+
+def test_dead_service_with_restarts_left_is_restarted(tmp_path):
+    """local.restart_services: a dead stateless service is started again (same argv) up to max_restarts
+    times; then its death stops the run like any other."""
+    with LocalLauncher(tmp_path) as launcher:
+        (reward,) = launcher.start_all([ManagedProcess("reward", SLEEP, max_restarts=1, ready_timeout_s=30)])
+        first = reward.proc.pid
+        os.kill(first, signal.SIGKILL)
+        reward.proc.wait()
+        launcher.check_alive()  # restarted, not raised
+        assert reward.proc.pid != first and reward.proc.poll() is None
+        assert json.loads((tmp_path / "pids.json").read_text())["reward"] == reward.proc.pid
+        assert launcher.restart_log == [f"reward service (pid {first}) died (exit -9, signal SIGKILL)"]
+        assert len(launcher.processes) == 1
+        os.kill(reward.proc.pid, signal.SIGKILL)
+        reward.proc.wait()
+        with pytest.raises(ServiceDied, match=f"reward service \\(pid {reward.proc.pid}\\) died"):
+            launcher.check_alive()
+
+
+def test_restart_config_defaults_off():
+    from driver.config import LocalConfig
+
+    assert LocalConfig().restart_services == [] and LocalConfig(restart_services=["reward"]).max_restarts == 2
+    with pytest.raises(Exception):
+        LocalConfig(restart_services=["learner"])
