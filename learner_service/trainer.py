@@ -1,7 +1,8 @@
 """The GRPO learner: one `train_step(groups)` = one new policy version.
 
 A step, top to bottom (every rank runs it on the same groups; rank r trains its share):
-1. convert the groups (batch.py), compute advantages (eq. 3); drop groups already
+1. take the groups as `batch.Group`s (rollouts and advantages, eq. 3, computed once: by
+   the loop where rank 0 read them, or here for protos passed in); drop groups already
    trained (by group id) and, if configured, zero-variance groups (logged);
 2. π_θold: the engine's log-probs, or recomputed with the current weights (no grad);
    π_ref (when β > 0; no reference model otherwise): the frozen policy RL starts from,
@@ -48,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from learner_service.batch import (
+    Group,
     GroupInfo,
     PickedBatch,
     Rollout,
@@ -57,7 +59,6 @@ from learner_service.batch import (
     pack_shared,
     picks_from_batch,
     shared_prefix_pays,
-    rollouts_from_group,
     shard_for_rank,
 )
 from learner_service.config import LearnerConfig
@@ -338,11 +339,24 @@ class Learner:
         log.info("KL reference: policy version %d", self.reference_version)
 
     # ------------------------------------------------------------------ the step
-    def prepare(self, groups: Sequence[common_pb2.TrajectoryGroup]) -> tuple[list[Rollout], list[GroupInfo], dict[str, float]]:
-        """Converts groups, drops duplicates / already-trained / (optionally) zero-variance ones.
+    def to_group(self, group: Group | common_pb2.TrajectoryGroup) -> Group:
+        """`group` as a `batch.Group`: as it is when it already is one (the loop's, converted
+        once where it was read), else converted with this learner's config (advantages,
+        max_seq_len, reward shaping).
 
         Raises:
-            ValueError: a malformed group (see batch.rollouts_from_group).
+            ValueError: a malformed group (see batch.Group.from_proto).
+        """
+        if isinstance(group, Group):
+            return group
+        return Group.from_proto(group, self.cfg.grpo.adv_eps, self.cfg.batch.max_seq_len, self.cfg.grpo.reward_shaping)
+
+    def prepare(self, groups: Sequence[Group | common_pb2.TrajectoryGroup]) -> tuple[list[Rollout], list[GroupInfo], dict[str, float]]:
+        """Drops duplicates / already-trained / (optionally) zero-variance groups; converts the
+        protos among `groups` (`to_group`; `Group`s are used as they are).
+
+        Raises:
+            ValueError: a malformed group (see batch.Group.from_proto).
         """
         rollouts: list[Rollout] = []
         infos: list[GroupInfo] = []
@@ -353,7 +367,8 @@ class Learner:
                 dup += 1
                 continue
             seen.add(g.group_id)
-            rs, info = rollouts_from_group(g, self.cfg.grpo.adv_eps, self.cfg.batch.max_seq_len, self.cfg.grpo.reward_shaping)
+            typed = self.to_group(g)
+            rs, info = typed.rollouts, typed.info
             infos.append(info)
             zero_var += info.zero_variance
             if info.zero_variance and self.cfg.grpo.filter_zero_variance:
@@ -372,10 +387,13 @@ class Learner:
             log.info("%d zero-variance group(s) %s", zero_var, "filtered" if self.cfg.grpo.filter_zero_variance else "kept")
         return rollouts, infos, counts
 
-    def train_step(self, groups: Sequence[common_pb2.TrajectoryGroup],
+    def train_step(self, groups: Sequence[Group | common_pb2.TrajectoryGroup],
                    extra_metrics: dict[str, float] | None = None) -> dict[str, float]:
         """One learner step on `groups` (every rank must pass the same groups); `extra_metrics`
         (the loop's: idle time, dropped groups) are written with the step's own.
+
+        `groups` are `batch.Group`s (the loop's: decoded once, where rank 0 read them) or
+        TrajectoryGroup protos, converted here once each (`to_group`).
 
         Returns:
             the step's metrics (see module docstring of learner_service.metrics names); with
