@@ -1,7 +1,8 @@
 """learner_service: GRPO (paper eqs. (3)–(7)) with FSDP2 on the sink attention path.
 
 Modules, in the order data flows through them:
-- `batch` — TrajectoryGroup protos → frozen `Rollout`s → right-padded micro-batches;
+- `batch` — TrajectoryGroup protos → frozen `Group`s of `Rollout`s (once per group) →
+  right-padded micro-batches;
 - `advantage` — Â_i, eq. (3) (one pure function);
 - `logprobs` — per-token log softmax(logits / temperature) and entropies;
 - `loss` — the clipped GRPO loss with a k3 KL, eqs. (4)–(7) (one pure function);
@@ -21,7 +22,7 @@ In-process use (one process, no torchrun)::
 
     learner = Learner(LearnerConfig.model_validate({"model": {"path": folder}, "run_dir": "runs/x"}))
     load_checkpoint(learner)                       # resume if run_dir has a checkpoint
-    metrics = learner.train_step(groups)           # list[common_pb2.TrajectoryGroup]
+    metrics = learner.train_step(groups)           # batch.Group or common_pb2.TrajectoryGroup
     LearnerRunner(learner, TrajectoryBuffer()).run(max_steps=10)
 
 Importing this package imports nothing heavy; import the modules you need.

@@ -1,7 +1,11 @@
 """From `TrajectoryGroup` protos to padded training tensors.
 
 The protos are converted here, at the edge, into frozen dataclasses; nothing past this
-module reads a proto. A trajectory of T tokens gives T − 1 predicted positions: the
+module reads a proto. Each group is converted exactly once (`Group.from_proto`, called by
+the learner's loop where it reads the group from the buffer): bytes → proto in
+`sinkflex.buffer` (`_decode`), proto → `Group` (rollouts, advantages) in
+`loop.LearnerRunner._next_tick`, and that `Group` is what is broadcast to the other ranks
+and trained on (`Group`'s docstring has the path before and after). A trajectory of T tokens gives T − 1 predicted positions: the
 model reads token_ids[:-1] and position t predicts token_ids[t+1], whose old log-prob
 (`logprobs[t+1]`) and loss mask (`loss_mask[t+1]`) come along. Rows are right-padded,
 so with causal attention the padding never influences a real token and no attention
@@ -82,28 +86,90 @@ class TrainBatch:
         )
 
 
+def group_policy_version(group: common_pb2.TrajectoryGroup) -> int:
+    """The oldest policy version that sampled any turn of `group` (its trajectories'
+    policy_version, and every turn's; 0 for a group without trajectories)."""
+    versions = [t.policy_version for t in group.trajectories]
+    versions += [turn.policy_version for t in group.trajectories for turn in t.turns]
+    return min(versions, default=0)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One TrajectoryGroup, decoded once: what the learner broadcasts and trains on.
+
+    Where a group is decoded (bytes → proto → typed), end to end:
+    - `sinkflex.buffer.stream.TrajectoryBuffer.read` (`_decode`) parses the Redis entry's
+      bytes into a `common_pb2.TrajectoryGroup` once (malformed payloads are dead-lettered
+      there); `BufferEntry.group` is that proto, kept only for acknowledging the entry;
+    - `loop.LearnerRunner._next_tick` (rank 0) turns each proto into a `Group` with
+      `Group.from_proto`, right where it reads it: this validates it (a `ValueError` →
+      acknowledged untrained and counted, as before) and computes its advantages (eq. (3))
+      with the learner's config (adv_eps, max_seq_len, reward shaping);
+    - `loop.LearnerRunner._broadcast` sends these `Group`s (tensors, no proto) to the
+      other ranks; `Learner.train_step` trains on them as they are.
+
+    Before, the proto was converted to rollouts in `_next_tick` only to validate it and the
+    result thrown away; the broadcast pickled the proto (serialised it to bytes again, in
+    the same process) and every rank parsed it back; `Learner.prepare` converted it a
+    second time. `train_step` still accepts protos (tests, benchmarks, the warm start's
+    callers): those are converted once, in `Learner.prepare`.
+
+    Attributes:
+        group_id, task_id, env: the proto's.
+        rollouts: one `Rollout` per trajectory, in order, advantages computed.
+        info: rewards, advantages and zero-variance flag (`GroupInfo`).
+        policy_version: the oldest policy version that sampled any of its turns
+            (`group_policy_version`; the staleness check).
+    """
+
+    group_id: str
+    task_id: str
+    env: str
+    rollouts: tuple[Rollout, ...]
+    info: GroupInfo
+    policy_version: int
+
+    @classmethod
+    def from_proto(
+        cls, group: common_pb2.TrajectoryGroup, adv_eps: float = 1e-6, max_seq_len: int | None = None, shaping=None
+    ) -> Group:
+        """Converts one group and computes its advantages (eq. (3)).
+
+        Args:
+            group: a TrajectoryGroup proto; each trajectory needs len(token_ids) ==
+                len(logprobs) == len(loss_mask) ≥ 2 and loss_mask[0] == 0.
+            adv_eps: ε_A.
+            max_seq_len: cut trajectories to this many tokens (None: no cut).
+            shaping: a `RewardShapingConfig`: advantages from τ²-Bench's reward plus partial
+                credit from its own checks (learner_service/shaping.py); None or α = 0: the
+                trajectory reward as it is.
+
+        Raises:
+            ValueError: a trajectory with mismatched lengths, fewer than 2 tokens, a loss mask
+                on the first token, a mask value other than 0/1, or non-finite engine log-probs
+                on masked tokens; no trajectories.
+        """
+        rollouts, info = _convert(group, adv_eps, max_seq_len, shaping)
+        return cls(group.group_id, group.task_id, group.env, tuple(rollouts), info, group_policy_version(group))
+
+
 def rollouts_from_group(
     group: common_pb2.TrajectoryGroup, adv_eps: float = 1e-6, max_seq_len: int | None = None, shaping=None
 ) -> tuple[list[Rollout], GroupInfo]:
-    """Converts one group and computes its advantages (eq. (3)).
-
-    Args:
-        group: a TrajectoryGroup proto; each trajectory needs len(token_ids) ==
-            len(logprobs) == len(loss_mask) ≥ 2 and loss_mask[0] == 0.
-        adv_eps: ε_A.
-        max_seq_len: cut trajectories to this many tokens (None: no cut).
-        shaping: a `RewardShapingConfig`: advantages from τ²-Bench's reward plus partial
-            credit from its own checks (learner_service/shaping.py); None or α = 0: the
-            trajectory reward as it is.
-
-    Returns:
-        (rollouts, info): one Rollout per trajectory, in order.
+    """(rollouts, info) of one group: `Group.from_proto`'s, as a list and its `GroupInfo`.
 
     Raises:
-        ValueError: a trajectory with mismatched lengths, fewer than 2 tokens, a loss mask
-            on the first token, a mask value other than 0/1, or non-finite engine log-probs
-            on masked tokens; no trajectories.
+        ValueError: a malformed group (see `Group.from_proto`).
     """
+    g = Group.from_proto(group, adv_eps, max_seq_len, shaping)
+    return list(g.rollouts), g.info
+
+
+def _convert(
+    group: common_pb2.TrajectoryGroup, adv_eps: float, max_seq_len: int | None, shaping
+) -> tuple[list[Rollout], GroupInfo]:
+    """`Group.from_proto`'s conversion and validation (its docstring)."""
     if len(group.trajectories) == 0:
         raise ValueError(f"group {group.group_id!r} has no trajectories")
     rewards = []

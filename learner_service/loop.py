@@ -41,28 +41,19 @@ from concurrent.futures import Future
 
 import torch.distributed as dist
 
-from learner_service.batch import rollouts_from_group
+from learner_service.batch import Group
 from learner_service.checkpoint import save_checkpoint
 from learner_service.publish import policy_dir, publish_policy
 from learner_service.trainer import Learner
-from sinkflex.api.common.v1 import common_pb2
 
 log = logging.getLogger(__name__)
-
-
-def group_policy_version(group: common_pb2.TrajectoryGroup) -> int:
-    """The oldest policy version that sampled any turn of `group` (its trajectories'
-    policy_version, and every turn's; 0 for a group without trajectories)."""
-    versions = [t.policy_version for t in group.trajectories]
-    versions += [turn.policy_version for t in group.trajectories for turn in t.turns]
-    return min(versions, default=0)
 
 
 @dataclasses.dataclass(frozen=True)
 class Tick:
     """What rank 0 tells every rank to do this tick."""
 
-    groups: tuple[common_pb2.TrajectoryGroup, ...] = ()  # groups to train on (empty: none); pickled once by the broadcast
+    groups: tuple[Group, ...] = ()  # groups to train on (empty: none), decoded once on rank 0; pickled once by the broadcast
     checkpoint: bool = False
     stop: bool = False
 
@@ -109,29 +100,29 @@ class LearnerRunner:
         want = cfg.batch.groups_per_step - len(collected)
         if want > 0:
             for entry in self.buffer.read(cfg.buffer.consumer, count=want, block_ms=cfg.buffer.block_ms):
-                try:
-                    rollouts_from_group(entry.group, cfg.grpo.adv_eps, cfg.batch.max_seq_len)
+                try:  # the one conversion of this group (batch.Group): validated, advantages computed
+                    group = Group.from_proto(entry.group, cfg.grpo.adv_eps, cfg.batch.max_seq_len, cfg.grpo.reward_shaping)
                 except ValueError as err:
                     self.invalid_groups += 1
                     log.error("dropping invalid group %s (entry %s): %s", entry.group.group_id, entry.entry_id, err)
                     self.buffer.ack([entry], trained=False)
                     continue
-                if self._too_stale(entry):
+                if self._too_stale(entry, group):
                     continue
-                collected.append(entry)
+                collected.append((entry, group))
         with self._lock:
             ckpt = bool(self._ckpt_waiters)
         if len(collected) >= cfg.batch.groups_per_step:
-            return Tick(groups=tuple(e.group for e in collected), checkpoint=ckpt)
+            return Tick(groups=tuple(g for _, g in collected), checkpoint=ckpt)
         return Tick(checkpoint=ckpt)
 
-    def _too_stale(self, entry) -> bool:
+    def _too_stale(self, entry, group: Group) -> bool:
         """Rank 0: drops (acknowledges untrained, counts) a group older than max_staleness allows."""
         k = self.learner.cfg.max_staleness
         if k is None:
             return False
         version = self.learner.state.policy_version
-        oldest = group_policy_version(entry.group)
+        oldest = group.policy_version
         if version - oldest <= k:
             return False
         self.buffer.ack([entry], trained=False)
@@ -212,7 +203,7 @@ class LearnerRunner:
         else:
             learner.state.published_version = v
             learner.state.published_location = str(policy_dir(cfg.run_dir, v).resolve()) if v > 0 else (cfg.model.path or "")
-        collected: list = []  # rank 0: entries read, not yet trained
+        collected: list = []  # rank 0: (entry, Group) read, not yet trained
         pending: list = []  # rank 0: entries trained, not yet acknowledged
         dirty = False  # trained since the last checkpoint
         loop_start = time.monotonic()
@@ -240,7 +231,7 @@ class LearnerRunner:
                 metrics = learner.train_step(tick.groups, extra)
                 if self.on_step is not None and learner.rank == 0:
                     self.on_step(metrics)
-                pending.extend(collected)
+                pending.extend(e for e, _ in collected)
                 collected.clear()
                 dirty = True
             # a version is published only once its checkpoint is durable

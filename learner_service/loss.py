@@ -30,7 +30,7 @@ whose log-prob is predicted), N = global number of optimised tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -46,7 +46,11 @@ class LossTerms:
     """What one call of `grpo_loss` contributes, as detached sums over its optimised tokens.
 
     Dividing a field by the global token count N gives its per-token mean; sums of
-    several micro-batches and ranks add up.
+    several micro-batches and ranks add up, as a type: ``LossTerms.zero() + a + b`` sums
+    field by field (in float64 when started from `zero`, so that the sum is that of the
+    fields' values as Python floats, in the same order); `to_tensor` / `from_tensor` are
+    the one packing of the fields, which the learner's all-reduce over ranks uses
+    (`trainer.StepTotals.all_reduce`).
     """
 
     pg_sum: torch.Tensor  # [] Σ −min(ρÂ, clip(ρ)Â)
@@ -54,6 +58,37 @@ class LossTerms:
     clipped_tokens: torch.Tensor  # [] tokens where the clipped term is the active one
     ratio_sum: torch.Tensor  # [] Σ ρ
     tokens: torch.Tensor  # [] Σ mask
+
+    @classmethod
+    def zero(cls, dtype: torch.dtype = torch.float64) -> LossTerms:
+        """The neutral element of `+`: every field a CPU [] zero (float64 by default)."""
+        return cls(**{f.name: torch.zeros((), dtype=dtype) for f in fields(cls)})
+
+    def __add__(self, other: LossTerms) -> LossTerms:
+        if not isinstance(other, LossTerms):
+            return NotImplemented
+        return LossTerms(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def __radd__(self, other) -> LossTerms:
+        if isinstance(other, int) and other == 0:  # sum(terms) starts from 0
+            return self
+        return NotImplemented
+
+    def to_tensor(self) -> torch.Tensor:
+        """[5] float64 CPU tensor of the fields, in field order (`trainer.StepTotals.all_reduce` reduces it)."""
+        return torch.stack([getattr(self, f.name).detach().to(torch.float64) for f in fields(self)]).cpu()
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> LossTerms:
+        """The inverse of `to_tensor`."""
+        names = [f.name for f in fields(cls)]
+        if t.shape != (len(names),):
+            raise ValueError(f"LossTerms.from_tensor needs a [{len(names)}] tensor, got {tuple(t.shape)}")
+        return cls(**{n: t[i].clone() for i, n in enumerate(names)})
+
+    def item(self) -> dict[str, float]:
+        """{field: value} as Python floats."""
+        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
 
 
 def token_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor, num_tokens: float | torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The GRPO learner: one `train_step(groups)` = one new policy version.
 
 A step, top to bottom (every rank runs it on the same groups; rank r trains its share):
-1. convert the groups (batch.py), compute advantages (eq. 3); drop groups already
+1. take the groups as `batch.Group`s (rollouts and advantages, eq. 3, computed once: by
+   the loop where rank 0 read them, or here for protos passed in); drop groups already
    trained (by group id) and, if configured, zero-variance groups (logged);
 2. π_θold: the engine's log-probs, or recomputed with the current weights (no grad);
    π_ref (when β > 0; no reference model otherwise): the frozen policy RL starts from,
@@ -48,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from learner_service.batch import (
+    Group,
     GroupInfo,
     PickedBatch,
     Rollout,
@@ -57,7 +59,6 @@ from learner_service.batch import (
     pack_shared,
     picks_from_batch,
     shared_prefix_pays,
-    rollouts_from_group,
     shard_for_rank,
 )
 from learner_service.config import LearnerConfig
@@ -87,14 +88,10 @@ class LearnerState:
 @dataclasses.dataclass
 class StepTotals:
     """What one learner step adds up over its micro-batches (and, after `all_reduce`, over
-    ranks): sums, never means. Divide a loss term by `tokens` (N = Σ_i T_i) for its per-token
-    mean (paper eq. (6)'s normaliser)."""
+    ranks): sums, never means. Divide a loss term by `terms.tokens` (N = Σ_i T_i) for its
+    per-token mean (paper eq. (6)'s normaliser)."""
 
-    pg: float = 0.0  # Σ −min(ρÂ, clip(ρ)Â) over optimised tokens
-    kl: float = 0.0  # Σ k3
-    clipped_tokens: float = 0.0  # tokens where the clipped term is the active one
-    ratio: float = 0.0  # Σ ρ
-    tokens: float = 0.0  # Σ mask
+    terms: LossTerms = dataclasses.field(default_factory=LossTerms.zero)  # Σ of grpo_loss's terms (float64)
     entropy: float = 0.0  # Σ entropy at optimised tokens
     positions: float = 0.0  # the rollouts' predicted positions (what an unshared learner computes)
     positions_computed: float = 0.0  # model positions actually run (shared prefixes once)
@@ -104,11 +101,7 @@ class StepTotals:
 
     def add_terms(self, terms: LossTerms, entropy: float, positions: float, positions_computed: float) -> None:
         """Adds one micro-batch's `grpo_loss` terms (detached sums) and its sizes."""
-        self.pg += terms.pg_sum.item()
-        self.kl += terms.kl_sum.item()
-        self.clipped_tokens += terms.clipped_tokens.item()
-        self.ratio += terms.ratio_sum.item()
-        self.tokens += terms.tokens.item()
+        self.terms = self.terms + terms
         self.entropy += entropy
         self.positions += positions
         self.positions_computed += positions_computed
@@ -120,12 +113,45 @@ class StepTotals:
         self.shared_prefix_positions += stats["shared_prefix_positions"]
 
     def all_reduce(self, reduce_: Callable[[torch.Tensor], None]) -> None:
-        """Sums every field over ranks with `reduce_` (an in-place all-reduce of a float64 tensor)."""
-        names = [f.name for f in dataclasses.fields(self)]
-        t = torch.tensor([getattr(self, n) for n in names], dtype=torch.float64)
+        """Sums every field over ranks with `reduce_` (an in-place all-reduce of a float64
+        tensor): the one place the totals are packed into a tensor and unpacked, by name
+        (the loss terms by `LossTerms.to_tensor` / `from_tensor`). One collective."""
+        names = [f.name for f in dataclasses.fields(self) if f.name != "terms"]
+        k = len(dataclasses.fields(LossTerms))
+        t = torch.cat([self.terms.to_tensor(), torch.tensor([getattr(self, n) for n in names], dtype=torch.float64)])
         reduce_(t)
-        for n, v in zip(names, t.tolist()):
+        self.terms = LossTerms.from_tensor(t[:k])
+        for n, v in zip(names, t[k:].tolist()):
             setattr(self, n, v)
+
+
+@dataclasses.dataclass
+class LogprobMismatch:
+    """|engine log-prob − learner log-prob| on loss-mask tokens: Σ, max and token count."""
+
+    total: float = 0.0  # Σ |Δ|
+    max: float = 0.0  # max |Δ|
+    tokens: float = 0.0
+
+    def add(self, d: torch.Tensor) -> None:
+        """Adds the |Δ| of some tokens (a float64 tensor; nothing when empty)."""
+        if d.numel():
+            self.total += d.sum().item()
+            self.max = max(self.max, d.max().item())
+            self.tokens += float(d.numel())
+
+    def all_reduce(self, reduce_: Callable[[torch.Tensor], None], reduce_max: Callable[[torch.Tensor], None]) -> None:
+        """Σ and token count summed over ranks with `reduce_`, the max with `reduce_max`."""
+        s = torch.tensor([self.total, self.tokens], dtype=torch.float64)
+        m = torch.tensor([self.max], dtype=torch.float64)
+        reduce_max(m)
+        reduce_(s)
+        self.total, self.tokens = s.tolist()
+        self.max = m.item()
+
+    @property
+    def mean(self) -> float:
+        return self.total / max(self.tokens, 1.0)
 
 
 def _dist() -> tuple[int, int]:
@@ -338,11 +364,24 @@ class Learner:
         log.info("KL reference: policy version %d", self.reference_version)
 
     # ------------------------------------------------------------------ the step
-    def prepare(self, groups: Sequence[common_pb2.TrajectoryGroup]) -> tuple[list[Rollout], list[GroupInfo], dict[str, float]]:
-        """Converts groups, drops duplicates / already-trained / (optionally) zero-variance ones.
+    def to_group(self, group: Group | common_pb2.TrajectoryGroup) -> Group:
+        """`group` as a `batch.Group`: as it is when it already is one (the loop's, converted
+        once where it was read), else converted with this learner's config (advantages,
+        max_seq_len, reward shaping).
 
         Raises:
-            ValueError: a malformed group (see batch.rollouts_from_group).
+            ValueError: a malformed group (see batch.Group.from_proto).
+        """
+        if isinstance(group, Group):
+            return group
+        return Group.from_proto(group, self.cfg.grpo.adv_eps, self.cfg.batch.max_seq_len, self.cfg.grpo.reward_shaping)
+
+    def prepare(self, groups: Sequence[Group | common_pb2.TrajectoryGroup]) -> tuple[list[Rollout], list[GroupInfo], dict[str, float]]:
+        """Drops duplicates / already-trained / (optionally) zero-variance groups; converts the
+        protos among `groups` (`to_group`; `Group`s are used as they are).
+
+        Raises:
+            ValueError: a malformed group (see batch.Group.from_proto).
         """
         rollouts: list[Rollout] = []
         infos: list[GroupInfo] = []
@@ -353,7 +392,8 @@ class Learner:
                 dup += 1
                 continue
             seen.add(g.group_id)
-            rs, info = rollouts_from_group(g, self.cfg.grpo.adv_eps, self.cfg.batch.max_seq_len, self.cfg.grpo.reward_shaping)
+            typed = self.to_group(g)
+            rs, info = typed.rollouts, typed.info
             infos.append(info)
             zero_var += info.zero_variance
             if info.zero_variance and self.cfg.grpo.filter_zero_variance:
@@ -372,10 +412,13 @@ class Learner:
             log.info("%d zero-variance group(s) %s", zero_var, "filtered" if self.cfg.grpo.filter_zero_variance else "kept")
         return rollouts, infos, counts
 
-    def train_step(self, groups: Sequence[common_pb2.TrajectoryGroup],
+    def train_step(self, groups: Sequence[Group | common_pb2.TrajectoryGroup],
                    extra_metrics: dict[str, float] | None = None) -> dict[str, float]:
         """One learner step on `groups` (every rank must pass the same groups); `extra_metrics`
         (the loop's: idle time, dropped groups) are written with the step's own.
+
+        `groups` are `batch.Group`s (the loop's: decoded once, where rank 0 read them) or
+        TrajectoryGroup protos, converted here once each (`to_group`).
 
         Returns:
             the step's metrics (see module docstring of learner_service.metrics names); with
@@ -396,14 +439,11 @@ class Learner:
             self.state.groups_trained += len(infos)
             return self._finish({**counts, "skipped": 1.0, **(extra_metrics or {})}, t0)
 
-        mismatch = torch.zeros(3, dtype=torch.float64)  # Σ|Δ|, max |Δ|, tokens (engine vs learner, loss mask)
+        mismatch = LogprobMismatch()  # engine vs learner, loss mask
         if g.old_logprobs == "recompute":
             old = self._score(self.model, rollouts)
             for r, o in zip(rollouts, old):
-                d = (r.old_logp_T - o).abs()[r.mask_T].double()
-                if d.numel():
-                    mismatch += torch.stack([d.sum(), torch.zeros((), dtype=torch.float64), torch.tensor(float(d.numel()), dtype=torch.float64)])
-                    mismatch[1] = max(mismatch[1].item(), d.max().item())
+                mismatch.add((r.old_logp_T - o).abs()[r.mask_T].double())
             rollouts = [dataclasses.replace(r, old_logp_T=o) for r, o in zip(rollouts, old)]
         ref = self._score(self.ref_model, rollouts) if self.ref_model is not None else None
 
@@ -426,30 +466,26 @@ class Learner:
                     if gn is not None:
                         grad_norms.append(gn)
         sums.all_reduce(self._all_reduce_)
-        mismatch_max = mismatch[1].item()
-        if self.world > 1:
-            mx = torch.tensor([mismatch_max], dtype=torch.float64, device=self.device if dist.get_backend() == "nccl" else "cpu")
-            dist.all_reduce(mx, op=dist.ReduceOp.MAX)
-            mismatch_max = mx.item()
-        self._all_reduce_(mismatch)
+        mismatch.all_reduce(self._all_reduce_, self._all_reduce_max_)
         # `step` last: a reader polling it (the Status RPC thread) then sees the rest updated.
         self.record_trained([i.group_id for i in infos])
         self.state.groups_trained += len(infos)
         self.state.policy_version += 1
         self.state.step += 1
 
-        tok = max(sums.tokens, 1.0)
+        terms = sums.terms.item()
+        tok = max(terms["tokens"], 1.0)
         rewards = torch.cat([i.rewards_G for i in infos])
         valid = rewards[~torch.isnan(rewards)]
         adv = torch.tensor([r.advantage for r in rollouts])
         stale = torch.tensor([float(version_at_training - r.policy_version) for r in rollouts])
         metrics = {
             **counts,
-            "loss": (sums.pg + g.beta * sums.kl) / tok,
-            "pg_loss": sums.pg / tok,
-            "kl": sums.kl / tok,
-            "clip_fraction": sums.clipped_tokens / tok,
-            "ratio_mean": sums.ratio / tok,
+            "loss": (terms["pg_sum"] + g.beta * terms["kl_sum"]) / tok,
+            "pg_loss": terms["pg_sum"] / tok,
+            "kl": terms["kl_sum"] / tok,
+            "clip_fraction": terms["clipped_tokens"] / tok,
+            "ratio_mean": terms["ratio_sum"] / tok,
             "entropy": sums.entropy / tok,
             "grad_norm": float(sum(grad_norms) / len(grad_norms)) if grad_norms else 0.0,
             "lr": float(self.scheduler.get_last_lr()[0]),
@@ -465,15 +501,15 @@ class Learner:
             "staleness_mean": float(stale.mean()),
             "staleness_max": float(stale.max()),
             "rollouts": float(n),
-            "optimised_tokens": sums.tokens / g.ppo_epochs,
+            "optimised_tokens": terms["tokens"] / g.ppo_epochs,
             "optimizer_steps": float(len(grad_norms)),
             "positions_trained": sums.positions,
             "positions_computed": sums.positions_computed,
             "shared_prefix_rows": sums.shared_prefix_rows,
             "shared_prefix_fallback_groups": sums.shared_prefix_fallback_groups,
             "shared_prefix_positions": sums.shared_prefix_positions,
-            "logprob_mismatch_mean": mismatch[0].item() / max(mismatch[2].item(), 1.0),
-            "logprob_mismatch_max": mismatch_max,
+            "logprob_mismatch_mean": mismatch.mean,
+            "logprob_mismatch_max": mismatch.max,
             "nonfinite_grad_steps": float(self.skipped_nonfinite),
             **(extra_metrics or {}),
         }
@@ -500,7 +536,7 @@ class Learner:
         mb: list[int],
         ref: list[torch.Tensor] | None,
         sums: StepTotals,
-        mismatch: torch.Tensor | None = None,
+        mismatch: LogprobMismatch | None = None,
     ) -> float | None:
         """Forward/backward over this rank's share of mini-batch `mb`, then one AdamW step."""
         g = self.cfg.grpo
@@ -529,10 +565,7 @@ class Learner:
             with torch.no_grad():
                 m = pb.mask_RT
                 if mismatch is not None and bool(m.any()):
-                    d = (logp_RT.detach().double() - pb.old_logp_RT.double()).abs()[m]
-                    mismatch[0] += d.sum().cpu()
-                    mismatch[1] = max(mismatch[1].item(), d.max().item())
-                    mismatch[2] += float(d.numel())
+                    mismatch.add((logp_RT.detach().double() - pb.old_logp_RT.double()).abs()[m])
                 sums.add_terms(terms, ent_RT[m].sum().item(), positions, pb.positions_computed)
             del logp_RT, ent_RT, loss
         grad_norm = self._clip_grad()
@@ -547,14 +580,18 @@ class Learner:
         self.state.optimizer_steps += 1
         return grad_norm
 
-    def _all_reduce_(self, t: torch.Tensor) -> None:
-        """In-place sum over ranks of a CPU tensor (moved to the GPU and back for NCCL)."""
+    def _all_reduce_(self, t: torch.Tensor, op=None) -> None:
+        """In-place sum (or `op`) over ranks of a CPU tensor (moved to the GPU and back for NCCL)."""
         if self.world == 1:
             return
         x = t.to(self.device) if dist.get_backend() == "nccl" else t
-        dist.all_reduce(x)
+        dist.all_reduce(x, op=dist.ReduceOp.SUM if op is None else op)
         if x is not t:
             t.copy_(x.cpu())
+
+    def _all_reduce_max_(self, t: torch.Tensor) -> None:
+        """In-place max over ranks of a CPU tensor."""
+        self._all_reduce_(t, dist.ReduceOp.MAX)
 
     def _clip_grad(self) -> float:
         """Global gradient norm over all ranks (DTensor-aware), clipped to max_grad_norm."""
