@@ -349,15 +349,14 @@ async def run_episode(generator: Generator, env, formatter: Formatter, spec: Epi
             clock.seconds["engine"] += gen.seconds
             generation_start = len(tokens.ids)
             tokens.add_generated(gen.token_ids, gen.logprobs)
+            parse_error, calls = "the formatter's parse raised", 0
             try:
                 with clock("format"):
                     parsed = formatter.parse(gen.token_ids)
-            except Exception:
+                parse_error, calls = parsed.parse_error, len(parsed.calls)
+            finally:  # every generated token belongs to a recorded turn, even when parsing raised
                 turns.append(Turn(prompt_start, generation_start, len(gen.token_ids), gen.policy_version,
-                                  gen.truncated, "the formatter's parse raised", 0, gen.seconds))
-                raise
-            turns.append(Turn(prompt_start, generation_start, len(gen.token_ids), gen.policy_version, gen.truncated,
-                              parsed.parse_error, len(parsed.calls), gen.seconds))
+                                  gen.truncated, parse_error, calls, gen.seconds))
             action = _action(parsed, turn)
             messages.append(action)
             if not action.tool_calls and not (action.content or "").strip():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 
 import pytest
 
@@ -183,7 +182,7 @@ def test_parse_error_reply_goes_to_the_env_as_written_and_the_episode_goes_on(to
     from rollout_service.episode import EpisodeStatus
     from tests.fixtures.env import SCRIPTED_USER
 
-    task_id, texts = task
+    task_id, _ = task
     bad = '<tool_call>\n{"name": "create_task", "arguments": {"user_id": </tool_call>'
     ep, gen = _play(tokenizer, env, [bad, "Let me check."], _spec(task_id, max_turns=2, solo_mode=False))
     assert ep.status is EpisodeStatus.MAX_TURNS and ep.termination_reason == TR.TERMINATION_REASON_MAX_TURNS
@@ -302,3 +301,34 @@ def test_formatter_is_chosen_once_by_tool_format(tokenizer):
     assert set(FORMATTERS) == {"hermes", "harmony"}
     with pytest.raises(ValueError, match="unknown tool format 'xml'"):
         formatter_factory("xml", tokenizer)
+
+
+def test_generator_failure_and_a_weight_update_between_turns(tokenizer, env, task):
+    """A generator that raises ends the episode with GENERATION_ERROR (what was sampled kept);
+    a policy version that changes between turns: the trajectory's version is the oldest, and
+    `policy_versions` counts 2."""
+    from rollout_service.episode import EpisodeStatus, episode_to_proto, run_episode
+    from rollout_service.formatting import ChatTemplateFormatter
+    from rollout_service.generator import ScriptedGenerator
+
+    task_id, texts = task
+
+    class Updating(ScriptedGenerator):
+        """Version 3 for the first reply, 4 after it; the third reply raises."""
+
+        async def generate(self, prompt_ids, sampling, **kwargs):
+            if self.calls == 2:
+                raise RuntimeError("engine died")
+            out = await super().generate(prompt_ids, sampling, **kwargs)
+            self.policy_version += 1
+            return out
+
+    fmt = ChatTemplateFormatter(tokenizer)
+    gen = Updating.from_texts(tokenizer, texts[:1] * 3, fmt.eot_id, policy_version=3)
+    ep = asyncio.run(run_episode(gen, env, fmt, _spec(task_id, solo_mode=False)))
+    assert ep.status is EpisodeStatus.GENERATION_ERROR and "engine died" in ep.error
+    assert [t.policy_version for t in ep.turns] == [3, 4] and ep.start_policy_version == 3
+    _check_token_record(ep, gen)
+    traj = episode_to_proto(ep)
+    assert traj.policy_version == 3 and traj.metrics["policy_versions"] == 2.0
+    assert traj.termination_reason == TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR and traj.metrics["infrastructure_error"] == 1.0
