@@ -4,10 +4,9 @@ One episode is `rollout_service.episode.run_episode(generator, env, formatter, s
 function of a `Generator` (the vLLM `Engine` here), an env client and a formatter (chosen
 once from `tool_format`, `formatting.formatter_factory`), returning a frozen `Episode`;
 `AgentLoop.run_episode` turns it into the wire `Trajectory` (`episode_to_proto`) and adds
-its metrics to `totals`. `run_group` runs G episodes
-of one task concurrently, scores them in one batch with the reward service the env is routed
-to (`reward_for`; None: the env's own reward is kept, never overwritten), and returns
-one `TrajectoryGroup`; `run_tasks` keeps up to `max_groups_in_flight` groups going and
+its metrics to `totals`. `run_group` runs G episodes of one task concurrently, scores them
+in one batch with the reward service the env is routed to (`reward_for`; None: the env's
+own reward is kept, never overwritten), and returns one `TrajectoryGroup`; `run_tasks` keeps up to `max_groups_in_flight` groups going and
 yields each finished group (and `put`s it into the trajectory buffer when given one).
 
 Departures from the paper's VERL setup: env and reward calls are blocking clients run in

@@ -332,3 +332,16 @@ def test_generator_failure_and_a_weight_update_between_turns(tokenizer, env, tas
     traj = episode_to_proto(ep)
     assert traj.policy_version == 3 and traj.metrics["policy_versions"] == 2.0
     assert traj.termination_reason == TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR and traj.metrics["infrastructure_error"] == 1.0
+
+
+def test_the_vllm_engine_has_the_generator_signature():
+    """`Engine` (not started here) and `ScriptedGenerator` implement `Generator.generate` alike."""
+    import inspect
+
+    from rollout_service.engine import Engine
+    from rollout_service.generator import Generator, ScriptedGenerator
+
+    want = list(inspect.signature(Generator.generate).parameters)
+    assert list(inspect.signature(Engine.generate).parameters) == want
+    assert list(inspect.signature(ScriptedGenerator.generate).parameters) == want
+    assert inspect.iscoroutinefunction(Engine.generate)
