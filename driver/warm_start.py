@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollout_service.agent import AgentLoop
-from rollout_service.engine import Generation, Sampling
+from rollout_service.engine import Sampling
 from rollout_service.formatting import ChatTemplateFormatter, hermes_call_text
+from rollout_service.generator import ScriptedGenerator
 from sinkflex.api.common.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -37,12 +38,13 @@ log = logging.getLogger(__name__)
 STOP_TOOL = "done"
 
 
-class GoldenEngine:
-    """A scripted generator with the `rollout_service.engine.Engine` interface the agent loop uses.
+class GoldenEngine(ScriptedGenerator):
+    """The golden policy: a `ScriptedGenerator` (a `rollout_service.generator.Generator`) whose
+    turns are the golden calls' token ids, each with log-prob 0.0.
 
-    Each `generate` call returns the next scripted turn (token ids, log-probs 0.0, finish
-    "stop"); once the script is exhausted it returns only `end_token_id` (an empty reply).
-    Calls with `count=False` (the agent loop's prefix-cache warm-up) consume nothing.
+    Each `generate` call returns the next scripted turn (finish "stop"); once the script is
+    exhausted it returns only `end_token_id` (an empty reply). Calls with `count=False` (the
+    agent loop's prefix-cache warm-up) consume nothing.
 
     Args:
         turns: [K] lists of token ids, one per agent turn, each ending with a stop token.
@@ -52,23 +54,8 @@ class GoldenEngine:
 
     def __init__(self, turns: Sequence[Sequence[int]], end_token_id: int, max_model_len: int = 1 << 20,
                  policy_version: int = 0):
-        self.turns = [tuple(t) for t in turns]
-        self.end_token_id = end_token_id
-        self.max_model_len = max_model_len
-        self.policy_version = policy_version
-        self.calls = 0
-
-    async def generate(self, prompt_ids, sampling, stop_token_ids=None, max_tokens=None, want_logprobs=True,
-                       count=True, min_tokens=0) -> Generation:
-        if not count:
-            return Generation((self.end_token_id,), (0.0,), "stop", self.policy_version, 0.0)
-        ids = self.turns[self.calls] if self.calls < len(self.turns) else (self.end_token_id,)
-        self.calls += 1
-        budget = max_tokens if max_tokens is not None else sampling.max_new_tokens
-        finish = "stop"
-        if len(ids) > budget:  # as vLLM would: cut at the budget
-            ids, finish = ids[:budget], "length"
-        return Generation(tuple(ids), (0.0,) * len(ids), finish, self.policy_version, 0.0)
+        super().__init__(turns, end_token_id, logprob=lambda turn, position: 0.0, policy_version=policy_version,
+                         max_model_len=max_model_len)
 
 
 def golden_turns(formatter: ChatTemplateFormatter, actions: Sequence[dict], solo_mode: bool) -> list[list[int]]:

@@ -1,21 +1,12 @@
-"""The multi-turn agent loop: env observations -> tokens -> engine -> actions -> env.
+"""The multi-turn agent loop: groups of episodes, scored, into the trajectory buffer.
 
-`AgentLoop` is plain Python (asyncio on the engine's loop); the gRPC servicer is a thin
-edge over it. One episode (`run_episode`):
-
-    reset the env -> render system + tools + observation ONCE into prompt ids
-    repeat up to max_turns:
-        sample a reply on the ids (engine) -> append ids, log-probs, mask 1
-        parse tool calls -> step the env with the action (malformed: as written;
-            text without tool calls is sent with StepRequest.stop when it holds ###STOP###,
-            or always for an env whose route says text_ends_episode)
-        episode over? stop.  else: append the env reply rendered ONCE as a suffix, mask 0
-
-so the prompt of turn k+1 = prompt of turn k + generated ids + env suffix ids, and
-`token_ids`, `logprobs`, `loss_mask` are always equally long. `run_group` runs G episodes
-of one task concurrently, scores them in one batch with the reward service the env is routed
-to (`reward_for`; None: the env's own reward is kept, never overwritten), and returns
-one `TrajectoryGroup`; `run_tasks` keeps up to `max_groups_in_flight` groups going and
+One episode is `rollout_service.episode.run_episode(generator, env, formatter, spec)`: a
+function of a `Generator` (the vLLM `Engine` here), an env client and a formatter (chosen
+once from `tool_format`, `formatting.formatter_factory`), returning a frozen `Episode`;
+`AgentLoop.run_episode` turns it into the wire `Trajectory` (`episode_to_proto`) and adds
+its metrics to `totals`. `run_group` runs G episodes of one task concurrently, scores them
+in one batch with the reward service the env is routed to (`reward_for`; None: the env's
+own reward is kept, never overwritten), and returns one `TrajectoryGroup`; `run_tasks` keeps up to `max_groups_in_flight` groups going and
 yields each finished group (and `put`s it into the trajectory buffer when given one).
 
 Departures from the paper's VERL setup: env and reward calls are blocking clients run in
@@ -37,65 +28,31 @@ service's `weight_updates: between_turns` allows).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
-import json
 import logging
 import math
-import time
 import uuid
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
-from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from rollout_service.engine import Engine, Sampling
-from rollout_service.formatting import ChatTemplateFormatter, Formatter, HarmonyFormatter
+from rollout_service.episode import (  # noqa: F401 - re-exported
+    STOP_TOKEN,
+    EpisodeSpec,
+    env_breakdown,
+    episode_to_proto,
+    run_episode,
+)
+from rollout_service.formatting import Formatter, formatter_factory
+from rollout_service.generator import Generator
 from sinkflex.api.common.v1 import common_pb2
-from sinkflex.api.env.v1 import env_pb2
 from sinkflex.api.reward.v1 import reward_pb2
 from sinkflex.errors import ServiceError
 
 log = logging.getLogger(__name__)
-
-TR = common_pb2.TerminationReason
-
-#: τ²-Bench's agent stop token (tau2.gym.gym_agent.GymAgent.STOP_TOKEN): text holding it ends the episode.
-STOP_TOKEN = "###STOP###"
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """One rollout to run."""
-
-    env: str
-    task_id: str
-    sampling: Sampling
-    max_turns: int
-    max_context_tokens: int
-    solo_mode: bool = False
-    env_seed: int = 0
-
-
-@dataclass
-class _Tokens:
-    """The growing token record of one trajectory. All three lists are [T]."""
-
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-
-    def add_prompt(self, ids: Sequence[int]) -> None:
-        self.ids.extend(ids)
-        self.logprobs.extend([0.0] * len(ids))
-        self.mask.extend([0] * len(ids))
-
-    def add_generated(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
-        assert len(ids) == len(logprobs)
-        self.ids.extend(ids)
-        self.logprobs.extend(logprobs)
-        self.mask.extend([1] * len(ids))
 
 
 def episode_seed(seed: int, task_id: str, sample: int) -> int:
@@ -109,7 +66,8 @@ class AgentLoop:
     """Runs episodes on one engine against an env client, scores groups with a reward client.
 
     Args:
-        engine: the vLLM engine (coroutines of this class run on `engine.loop`).
+        engine: a `Generator`: the vLLM `Engine` (coroutines of this class run on `engine.loop`),
+            or a `ScriptedGenerator`.
         tokenizer: the policy's transformers tokenizer (for the chat template).
         env: an `env_service.client.EnvClient` (Local or Grpc).
         reward: a `reward_service.client.RewardClient`, or None to use the env's reward.
@@ -122,7 +80,7 @@ class AgentLoop:
         env_max_steps: ResetRequest.max_steps (0: the env's default).
     """
 
-    def __init__(self, engine: Engine, tokenizer, env, reward=None, buffer=None, tool_format: str = "hermes",
+    def __init__(self, engine: Generator, tokenizer, env, reward=None, buffer=None, tool_format: str = "hermes",
                  env_max_steps: int = 0, max_groups_in_flight: int = 8, buffer_timeout: float | None = None,
                  reward_for: Callable[[str], object] | None = None, text_ends_episode: Callable[[str], bool] | None = None):
         self.engine = engine
@@ -133,6 +91,7 @@ class AgentLoop:
         self.text_ends_episode = text_ends_episode or (lambda env: False)
         self.buffer = buffer
         self.tool_format = tool_format
+        self._make_formatter = formatter_factory(tool_format, tokenizer)  # the format is chosen once, here
         self.env_max_steps = env_max_steps
         self.max_groups_in_flight = max_groups_in_flight
         self.buffer_timeout = buffer_timeout
@@ -142,137 +101,24 @@ class AgentLoop:
 
     def formatter(self) -> Formatter:
         """A fresh per-episode formatter."""
-        if self.tool_format == "harmony":
-            return HarmonyFormatter()
-        return ChatTemplateFormatter(self.tokenizer)
+        return self._make_formatter()
 
     # -- one episode --------------------------------------------------------------------------
     async def run_episode(self, spec: EpisodeSpec, prefill_lock: asyncio.Lock | None = None) -> common_pb2.Trajectory:
-        """Runs one episode; never raises for env/engine failures (INFRASTRUCTURE_ERROR).
+        """Runs one episode (`episode.run_episode`) on the engine with a fresh formatter; never
+        raises for env/engine failures (INFRASTRUCTURE_ERROR). The spec's `env_max_steps` and
+        `text_ends_episode`, when unset, are the loop's. Its metrics are added to `totals`.
 
         `prefill_lock` (shared by the G episodes of a group): before its first turn, each
         episode prefills its prompt (a 1-token request) under the lock, so the engine's
         prefix cache computes a shared prompt once instead of G times in one batch.
         """
-        fmt = self.formatter()
-        traj = common_pb2.Trajectory(trajectory_id=uuid.uuid4().hex, task_id=spec.task_id, env=spec.env,
-                                     policy_version=self.engine.policy_version)
-        tokens = _Tokens()
-        m = {"turns": 0, "parse_failures": 0, "tool_calls": 0, "truncated_turns": 0, "generated_tokens": 0,
-             "engine_seconds": 0.0, "env_seconds": 0.0, "format_seconds": 0.0}
-        t_start = time.perf_counter()
-        session_id = ""
-        reason = TR.TERMINATION_REASON_MAX_TURNS
-        env_return = 0.0  # sum of the env's Step rewards (Gymnasium's return; the contract gives 0 before the end)
-        text_stops = self.text_ends_episode(spec.env)
-        try:
-            t0 = time.perf_counter()
-            reset = await asyncio.to_thread(self.env.reset, env_pb2.ResetRequest(
-                env=spec.env, task_id=spec.task_id, seed=spec.env_seed, solo_mode=spec.solo_mode,
-                max_steps=self.env_max_steps))
-            m["env_seconds"] += time.perf_counter() - t0
-            session_id = reset.session_id
-            traj.task_id = reset.task_id or spec.task_id
-            traj.messages.append(common_pb2.Message(role=common_pb2.ROLE_SYSTEM, content=reset.system_prompt))
-            traj.messages.extend(reset.observation)
-            t0 = time.perf_counter()
-            tokens.add_prompt(fmt.initial_prompt(reset.system_prompt, reset.tools, reset.observation))
-            m["format_seconds"] += time.perf_counter() - t0
-            prompt_start = 0
-            for turn in range(spec.max_turns):
-                budget = min(spec.sampling.max_new_tokens, spec.max_context_tokens - len(tokens.ids),
-                             self.engine.max_model_len - len(tokens.ids))
-                if budget <= 0:
-                    reason = TR.TERMINATION_REASON_MAX_CONTEXT_TOKENS
-                    break
-                sampling = spec.sampling
-                if turn == 0 and prefill_lock is not None:
-                    async with prefill_lock:
-                        await self.engine.generate(tokens.ids, Sampling(temperature=0.0, max_new_tokens=1),
-                                                   max_tokens=1, want_logprobs=False, count=False)
-                gen = await self.engine.generate(tokens.ids, sampling, stop_token_ids=fmt.stop_token_ids, max_tokens=budget)
-                info = common_pb2.TurnInfo(prompt_start=prompt_start, generation_start=len(tokens.ids),
-                                           num_generated=len(gen.token_ids), policy_version=gen.policy_version,
-                                           truncated=gen.truncated)
-                tokens.add_generated(gen.token_ids, gen.logprobs)
-                m["turns"] += 1
-                m["generated_tokens"] += len(gen.token_ids)
-                m["engine_seconds"] += gen.seconds
-                m["truncated_turns"] += gen.truncated
-                t0 = time.perf_counter()
-                parsed = fmt.parse(gen.token_ids)
-                m["format_seconds"] += time.perf_counter() - t0
-                info.parse_error = bool(parsed.parse_error)
-                m["parse_failures"] += info.parse_error
-                m["tool_calls"] += len(parsed.calls)
-                traj.turns.append(info)
-                action = self._action(parsed, turn)
-                traj.messages.append(action)
-                if not action.tool_calls and not (action.content or "").strip():
-                    reason = TR.TERMINATION_REASON_AGENT_ERROR  # tau2 rejects an empty agent message
-                    break
-                if isinstance(fmt, HarmonyFormatter):
-                    fmt.note_calls(action.tool_calls)
-                # the agent ends the episode (StepRequest.stop): tau2's stop token, or plain text where
-                # the env has no user to reply to (text_ends_episode)
-                stop = not action.tool_calls and (STOP_TOKEN in (action.content or "")
-                                                  or (text_stops and not info.parse_error))
-                t0 = time.perf_counter()
-                step = await asyncio.to_thread(self.env.step, env_pb2.StepRequest(session_id=session_id, action=action,
-                                                                                  stop=stop))
-                m["env_seconds"] += time.perf_counter() - t0
-                traj.messages.extend(step.observation)
-                env_return += step.reward
-                if step.terminated or step.truncated:
-                    reason = step.termination_reason or TR.TERMINATION_REASON_AGENT_STOP
-                    traj.reward_breakdown.CopyFrom(env_breakdown(step, env_return))
-                    break
-                if turn + 1 == spec.max_turns:
-                    break
-                prompt_start = len(tokens.ids)
-                t0 = time.perf_counter()
-                tokens.add_prompt(fmt.suffix(step.observation, ended_turn=not gen.truncated))
-                m["format_seconds"] += time.perf_counter() - t0
-        except Exception as err:  # noqa: BLE001 - env/engine/transport failure: keep what was sampled
-            log.warning("episode %s of %s/%s failed: %s", traj.trajectory_id, spec.env, spec.task_id, err)
-            reason = TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR
-            traj.metrics["infrastructure_error"] = 1.0
-        finally:
-            if session_id:
-                try:
-                    await asyncio.to_thread(self.env.close, session_id)
-                except ServiceError:
-                    pass  # already closed / expired: nothing to free
-        traj.token_ids.extend(tokens.ids)
-        traj.logprobs.extend(tokens.logprobs)
-        traj.loss_mask.extend(tokens.mask)
-        if traj.turns:  # the oldest version of any sampled token (versions only grow)
-            versions = [t.policy_version for t in traj.turns]
-            traj.policy_version = min(versions)
-            traj.metrics["policy_versions"] = float(len(set(versions)))  # > 1: a weight update landed between turns
-        traj.termination_reason = reason
-        # the env's reward (NaN when its own evaluation raised); a reward service, when the env
-        # is routed to one, replaces it
-        traj.reward = math.nan if math.isnan(traj.reward_breakdown.reward) else env_return
-        m["env_reward"] = env_return
-        m["episode_seconds"] = time.perf_counter() - t_start
-        m["tokens"] = len(tokens.ids)
-        for k, v in m.items():
-            traj.metrics[k] = float(v)
-            self.totals[k] = self.totals.get(k, 0.0) + float(v)
-        return traj
-
-    @staticmethod
-    def _action(parsed, turn: int) -> common_pb2.Message:
-        """The assistant message sent to the env (malformed output: content as written)."""
-        msg = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT)
-        if parsed.content is not None:
-            msg.content = parsed.content
-        if not parsed.parse_error:
-            for j, call in enumerate(parsed.calls):
-                msg.tool_calls.add(id=f"call_{turn}_{j}", name=call.name, arguments_json=call.arguments_json,
-                                   requestor=common_pb2.ROLE_ASSISTANT)
-        return msg
+        spec = dataclasses.replace(spec, env_max_steps=spec.env_max_steps or self.env_max_steps,
+                                   text_ends_episode=spec.text_ends_episode or self.text_ends_episode(spec.env))
+        episode = await run_episode(self.engine, self.env, self.formatter(), spec, prefill_lock)
+        for k, v in episode.metrics().items():
+            self.totals[k] = self.totals.get(k, 0.0) + v
+        return episode_to_proto(episode)
 
     # -- groups -------------------------------------------------------------------------------
     async def run_group(self, env: str, task_id: str, group_size: int, sampling: Sampling, max_turns: int,
@@ -375,28 +221,6 @@ class AgentLoop:
         finally:
             for p in pending:
                 p.cancel()
-
-
-def env_breakdown(step: env_pb2.StepResponse, env_return: float) -> common_pb2.RewardBreakdown:
-    """The breakdown of an episode the env ended: the env's own (`info["reward_breakdown"]`, a
-    common.v1.RewardBreakdown in protobuf JSON) when it sends one, else just the reward with the
-    terminating step's info as JSON. `reward` is the env's return, except when the env says its
-    own evaluation raised (info["evaluation_error"], env_service.session): then the episode is
-    unscored (reward NaN, info "unscored: ...", as the reward service does), not a 0."""
-    out = common_pb2.RewardBreakdown()
-    failed = step.info.get("evaluation_error")
-    if failed:
-        return common_pb2.RewardBreakdown(reward=math.nan, info=f"unscored: the env's evaluation raised: {failed[:1900]}")
-    sent = step.info.get("reward_breakdown")
-    if sent:
-        try:
-            json_format.Parse(sent, out, ignore_unknown_fields=True)
-        except json_format.ParseError as err:
-            out = common_pb2.RewardBreakdown(info=f"the env's reward_breakdown is not a RewardBreakdown: {err}")
-    elif step.info:
-        out.info = json.dumps(dict(step.info), sort_keys=True)
-    out.reward = env_return
-    return out
 
 
 def collect(engine: Engine, agen_factory: Callable[[], AsyncIterator]) -> list:

@@ -91,7 +91,7 @@ def resolve_engine_dtype(dtype: str) -> str:
 
 
 class Engine:
-    """One vLLM AsyncLLM engine on a background event loop.
+    """One vLLM AsyncLLM engine on a background event loop (a `rollout_service.generator.Generator`).
 
     Args:
         model: a transformers-format folder (safetensors + tokenizer).

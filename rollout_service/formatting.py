@@ -27,7 +27,7 @@ on its own (harmony messages are self-delimited) followed by ``<|start|>assistan
 from __future__ import annotations
 
 import json
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from rollout_service.parsers import ParsedTurn, harmony_encoding, parse_harmony, parse_hermes
 from sinkflex.api.common.v1 import common_pb2
@@ -73,6 +73,10 @@ class Formatter(Protocol):
     def suffix(self, env_messages: Sequence[common_pb2.Message], ended_turn: bool) -> list[int]: ...
 
     def parse(self, token_ids: Sequence[int]) -> ParsedTurn: ...
+
+    def note_calls(self, calls: Sequence[common_pb2.ToolCall]) -> None:
+        """Sees the tool calls of the action sent to the env (before the env's reply is rendered)."""
+        ...
 
 
 class ChatTemplateFormatter:
@@ -144,6 +148,9 @@ class ChatTemplateFormatter:
             ids = ids[:-1]
         return parse_hermes(self.tok.decode(ids, skip_special_tokens=False))
 
+    def note_calls(self, calls) -> None:
+        """Nothing to remember: a Hermes tool response does not name its call's tool."""
+
 
 class HarmonyFormatter:
     """gpt-oss harmony format via `openai_harmony` (rendering and parsing offline)."""
@@ -208,3 +215,24 @@ class HarmonyFormatter:
 
     def parse(self, token_ids) -> ParsedTurn:
         return parse_harmony(list(token_ids))
+
+
+#: tool format (`AgentConfig.tool_format`) -> a per-episode formatter from the policy's tokenizer.
+FORMATTERS: dict[str, Callable[[object], Formatter]] = {
+    "hermes": ChatTemplateFormatter,
+    "harmony": lambda tokenizer: HarmonyFormatter(),
+}
+
+
+def formatter_factory(tool_format: str, tokenizer) -> Callable[[], Formatter]:
+    """A function that makes a fresh formatter (formatters hold per-episode state) of
+    `tool_format` over `tokenizer`; the format is chosen here, once.
+
+    Raises:
+        ValueError: a tool format not in `FORMATTERS`.
+    """
+    try:
+        make = FORMATTERS[tool_format]
+    except KeyError:
+        raise ValueError(f"unknown tool format {tool_format!r} (known: {', '.join(sorted(FORMATTERS))})") from None
+    return lambda: make(tokenizer)
