@@ -7,6 +7,13 @@ config model (`env_service` → `EnvServiceConfig`, `reward_service` →
 Fields the job derives (model paths, the sampling temperature the learner must use,
 groups per learner step, addresses) are filled in by `service_configs()`; setting them to
 something inconsistent is an error that names the field.
+
+On load each service section is validated into its class at once: `cfg.learner` is a
+`LearnerConfig` (the file's section merged over what the job derives, `LAUNCH` where only the
+start knows the value: the prepared model folder, ports, the Redis URL), and a bad field is
+reported as ``learner.optim.lr`` before anything starts. At launch `service_configs()` merges
+the same sections (`TrainConfig.section`, as written) over the real values. `model_dump` writes
+the sections as written, so a dumped experiment loads back to the same experiment.
 """
 
 from __future__ import annotations
@@ -15,10 +22,23 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Literal, Optional, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_serializer, model_validator
 
-from sinkflex.config import ConfigError, StrictModel, describe_source, load_config, merge_dicts, validate_config
+from env_service.config import EnvServiceConfig
+from learner_service.config import LearnerConfig
+from reward_service.config import RewardServiceConfig
+from rollout_service.config import RolloutConfig
+from sinkflex.config import ConfigError, StrictModel, describe_errors, load_config, located, merge_dicts
 from sinkflex.tracking import ReportingConfig
+
+#: The experiment's service sections, each typed with that service's own config class.
+SERVICE_SECTIONS = ("env_service", "reward_service", "rollout_service", "learner")
+_SECTION_CLASSES = {"env_service": EnvServiceConfig, "reward_service": RewardServiceConfig,
+                    "rollout_service": RolloutConfig, "learner": LearnerConfig}
+#: What a resolved service config holds where the value is known only when the job starts
+#: (prepared model folders, free ports, the Redis URL): `TrainConfig`'s service sections and
+#: `sinkflex-rl config show --services`.
+LAUNCH = "<launch>"
 
 
 class RunConfig(StrictModel):
@@ -234,40 +254,27 @@ class TrainConfig(StrictModel):
     """Metrics go to <run dir>/metrics.jsonl and TensorBoard always; `report_to: [wandb, mlflow]`
     mirrors the driver's records (train steps with the learner's metrics, trajectories,
     validations) to W&B and/or MLflow (`sinkflex.tracking`)."""
-    env_service: dict[str, Any] = {}
-    """EnvServiceConfig fields (env_service/config.py)."""
-    reward_service: dict[str, Any] = {}
-    """RewardServiceConfig fields (reward_service/config.py)."""
-    rollout_service: dict[str, Any] = {}
-    """RolloutConfig fields (rollout_service/config.py); engine.model is the policy."""
-    learner: dict[str, Any] = {}
-    """LearnerConfig fields (learner_service/config.py); model.path is the policy."""
+    env_service: Optional[EnvServiceConfig] = None
+    """The local env service's `EnvServiceConfig` (env_service/config.py): the file's section merged
+    over what the job fills in, `LAUNCH` where the value is known only at start; None when
+    services.env_address names a running env server."""
+    reward_service: Optional[RewardServiceConfig] = None
+    """The reward service's `RewardServiceConfig` (reward_service/config.py), resolved the same
+    way; None when nothing launched locally uses it (`uses_local_reward_service`)."""
+    rollout_service: Optional[RolloutConfig] = None
+    """The rollout service's `RolloutConfig` (rollout_service/config.py), resolved the same way;
+    engine.model is the policy."""
+    learner: Optional[LearnerConfig] = None
+    """The learner's `LearnerConfig` (learner_service/config.py), resolved the same way; model.path
+    is the policy."""
+
+    _sections: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
+    """The four service sections as the file (and its overrides) wrote them: what
+    `service_configs` merges over the job's values at launch, and what `model_dump` writes."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
-        grpo_t = (self.learner.get("grpo") or {}).get("temperature")
-        if grpo_t is not None and grpo_t != self.rollout.temperature:
-            raise ValueError(f"learner.grpo.temperature ({grpo_t}) must equal rollout.temperature ({self.rollout.temperature}): "
-                             "the learner's log-probs must be under the distribution the engine sampled from")
-        gps = (self.learner.get("batch") or {}).get("groups_per_step")
-        if gps is not None and gps != self.task.tasks_per_step:
-            raise ValueError(f"learner.batch.groups_per_step ({gps}) must equal task.tasks_per_step ({self.task.tasks_per_step})")
-        k = self.learner.get("max_staleness")
-        if k is not None and k != self.rollout.max_staleness:
-            raise ValueError(f"learner.max_staleness ({k}) must equal rollout.max_staleness ({self.rollout.max_staleness}): "
-                             "set it in the rollout section")
-        wu = self.rollout_service.get("weight_updates")
-        if wu is not None and wu != weight_updates(self.rollout.max_staleness):
-            raise ValueError(f"rollout_service.weight_updates ({wu!r}) must be {weight_updates(self.rollout.max_staleness)!r} "
-                             f"with rollout.max_staleness {self.rollout.max_staleness}: set rollout.max_staleness instead")
-        if self.rollout.max_staleness and (self.learner.get("grpo") or {}).get("old_logprobs") == "recompute":
-            raise ValueError("learner.grpo.old_logprobs 'recompute' takes π_old from the learner's current weights, which "
-                             "ignores that asynchronous rollouts (rollout.max_staleness >= 1) were sampled by an older "
-                             "policy: use 'engine' (the sampling log-probs the trajectories carry, docs/async.md)")
-        pe = self.learner.get("publish_every")
-        if pe is not None and pe != 1:
-            raise ValueError(f"learner.publish_every ({pe}) must be 1: the controller waits for every policy version to "
-                             "be served by the rollout engine")
+        """The rules between job sections (defined before `_typed_sections`, so they run first)."""
         if self.task.generate is not None and self.task.generate.domain != self.task.env:
             raise ValueError(f"task.generate.domain ({self.task.generate.domain}) must equal task.env ({self.task.env})")
         if self.services.external() and self.warm_start.enabled:
@@ -277,11 +284,6 @@ class TrainConfig(StrictModel):
             raise ValueError("task.generate needs the local launcher; with running services, write the tasks with "
                              "`sinkflex-rl tasks generate` where the env and reward services can read them and list them "
                              "in task.task_files")
-        if self.warm_start.enabled and (self.learner.get("warm_start") or {}):
-            raise ValueError("set the warm start in the warm_start section, not in learner.warm_start (the driver fills it in)")
-        if self.services.env_only() and self.env_service:
-            raise ValueError("env_service configures the local env service, but services.env_address names a running env "
-                             "server (nothing is launched for it)")
         if self.services.env_only() and self.task.generate is not None:
             raise ValueError("task.generate writes tasks for the local env service; with services.env_address the env "
                              "server's own tasks are used")
@@ -294,14 +296,86 @@ class TrainConfig(StrictModel):
             place(self.local, visible=[str(g) for g in self.local.gpus], user_sim=self.launches_user_sim())
         if self.task.reward_address and self.task.reward != "service":
             raise ValueError("task.reward_address is set, but task.reward is 'env' (the env's own reward needs no reward service)")
-        route = (self.rollout_service.get("envs") or {}).get(self.task.env)
-        if isinstance(route, dict):
-            for key, value in [("reward", self.task.reward), ("reward_address", self.task.reward_address),
-                               ("text_ends_episode", self.task.text_ends_episode)]:
-                if key in route and route[key] != value:
-                    raise ValueError(f"rollout_service.envs.{self.task.env}.{key} ({route[key]!r}) must equal task.{key} "
-                                     f"({value!r}): set it in the task section")
         return self
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _typed_sections(cls, data: Any, handler) -> "TrainConfig":
+        """Validates the job sections, then each service section with that service's own config
+        class, merged over what the job derives from the job sections (`service_configs`)."""
+        if isinstance(data, TrainConfig):
+            return data
+        if not isinstance(data, dict):
+            return handler(data)  # pydantic's own "Input should be a valid dictionary"
+        data = dict(data)
+        raw: dict[str, dict[str, Any]] = {}
+        for name in SERVICE_SECTIONS:
+            section = data.pop(name, None)
+            if section is None:
+                section = {}
+            if not isinstance(section, dict):
+                raise ValueError(f"{name}: must be a mapping of {_SECTION_CLASSES[name].__name__} fields, "
+                                 f"not {type(section).__name__}")
+            raw[name] = section
+        base = handler(data)
+        base._sections = raw
+        typed = _launch_configs(base)
+        cfg = handler({**data, **{name: typed.get(name) for name in SERVICE_SECTIONS}})
+        cfg._sections = raw
+        cfg._check_sections()
+        return cfg
+
+    @field_serializer(*SERVICE_SECTIONS)
+    def _as_written(self, value: Any, info) -> dict[str, Any]:
+        """A service section dumps as the file wrote it, so that a dumped config loads back to
+        the same experiment (the resolved values: `sinkflex-rl config show --services`)."""
+        return self._sections.get(info.field_name, {})
+
+    def section(self, name: str) -> dict[str, Any]:
+        """The service section `name` (one of `SERVICE_SECTIONS`) as the file wrote it."""
+        return self._sections.get(name, {})
+
+    def _check_sections(self) -> None:
+        """The rules between a service section and the job sections: a field the job derives may be
+        written in the section only with the value the job would give it.
+
+        Raises:
+            ValueError: naming both fields.
+        """
+        learner, rollout = self.learner, self.rollout_service
+        if learner.grpo.temperature != self.rollout.temperature:
+            raise ValueError(f"learner.grpo.temperature ({learner.grpo.temperature}) must equal rollout.temperature "
+                             f"({self.rollout.temperature}): the learner's log-probs must be under the distribution the "
+                             "engine sampled from")
+        if learner.batch.groups_per_step != self.task.tasks_per_step:
+            raise ValueError(f"learner.batch.groups_per_step ({learner.batch.groups_per_step}) must equal "
+                             f"task.tasks_per_step ({self.task.tasks_per_step})")
+        if learner.max_staleness != self.rollout.max_staleness:
+            raise ValueError(f"learner.max_staleness ({learner.max_staleness}) must equal rollout.max_staleness "
+                             f"({self.rollout.max_staleness}): set it in the rollout section")
+        if rollout.weight_updates != weight_updates(self.rollout.max_staleness):
+            raise ValueError(f"rollout_service.weight_updates ({rollout.weight_updates!r}) must be "
+                             f"{weight_updates(self.rollout.max_staleness)!r} with rollout.max_staleness "
+                             f"{self.rollout.max_staleness}: set rollout.max_staleness instead")
+        if self.rollout.max_staleness and learner.grpo.old_logprobs == "recompute":
+            raise ValueError("learner.grpo.old_logprobs 'recompute' takes π_old from the learner's current weights, which "
+                             "ignores that asynchronous rollouts (rollout.max_staleness >= 1) were sampled by an older "
+                             "policy: use 'engine' (the sampling log-probs the trajectories carry, docs/async.md)")
+        if learner.publish_every != 1:
+            raise ValueError(f"learner.publish_every ({learner.publish_every}) must be 1: the controller waits for every "
+                             "policy version to be served by the rollout engine")
+        if self.warm_start.enabled and self.section("learner").get("warm_start"):
+            raise ValueError("set the warm start in the warm_start section, not in learner.warm_start (the driver fills it in)")
+        if self.services.env_only() and self.section("env_service"):
+            raise ValueError("env_service configures the local env service, but services.env_address names a running env "
+                             "server (nothing is launched for it)")
+        route = rollout.envs.get(self.task.env)
+        if route is not None:
+            for key in ("reward", "reward_address", "text_ends_episode"):
+                value = getattr(self.task, key)
+                if getattr(route, key) != value:
+                    raise ValueError(f"rollout_service.envs.{self.task.env}.{key} ({getattr(route, key)!r}) must equal "
+                                     f"task.{key} ({value!r}): set it in the task section")
 
     def launches_user_sim(self) -> bool:
         """The local launch starts a user-simulator model server (not solo, models.user_simulator
@@ -322,12 +396,14 @@ def weight_updates(max_staleness: int) -> str:
 
 def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str], redis_url: str, user_base_url: str | None,
                     user_model: str = "openai/user-sim", task_files: list[str] | None = None,
-                    demonstrations: str | None = None) -> dict[str, Any]:
+                    demonstrations: str | None = None, raise_located: bool = False) -> dict[str, Any]:
     """The validated config object of each locally launched service.
 
     Args:
         task_files: the experiment's task folders (default: task.task_files).
         demonstrations: the warm start's demonstration file (learner.warm_start.demonstrations).
+        raise_located: raise the first bad section's pydantic `ValidationError`, located under
+            the section's name (what `TrainConfig` validation reports), instead of a ConfigError.
 
     Returns {"env_service": EnvServiceConfig, "reward_service": RewardServiceConfig,
     "rollout_service": RolloutConfig, "learner": LearnerConfig}; without "env_service" when the
@@ -337,11 +413,6 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
     Raises:
         ConfigError: a service section has a bad field (named as `<section>.<field>`).
     """
-    from env_service.config import EnvServiceConfig
-    from learner_service.config import LearnerConfig
-    from reward_service.config import RewardServiceConfig
-    from rollout_service.config import RolloutConfig
-
     run_dir = cfg.run.dir()
     t = cfg.task
     files = list(cfg.task.task_files if task_files is None else task_files)
@@ -350,7 +421,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
     if files:
         env_defaults["task_files"] = {cfg.task.env: files}
         reward_defaults["task_files"] = {cfg.task.env: files}
-    env = merge_dicts(env_defaults, cfg.env_service)
+    env = merge_dicts(env_defaults, cfg.section("env_service"))
     if user_base_url:
         env = merge_dicts({"user_model": user_model, "user_base_url": user_base_url}, env)
     rollout = merge_dicts(
@@ -369,7 +440,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
             "redis_url": redis_url,
             "weight_updates": weight_updates(cfg.rollout.max_staleness),
         },
-        cfg.rollout_service,
+        cfg.section("rollout_service"),
     )
     learner = merge_dicts(
         {
@@ -382,23 +453,32 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
             "rollout_address": addresses["rollout"],
             "max_staleness": cfg.rollout.max_staleness,
         },
-        cfg.learner,
+        cfg.section("learner"),
     )
     if cfg.warm_start.enabled:
         w = cfg.warm_start
         learner = merge_dicts(learner, {"warm_start": {"demonstrations": demonstrations, "epochs": w.epochs, "lr": w.lr, "eps": w.eps,
                                                        "batch_size": w.batch_size, "warmup_steps": w.warmup_steps}})
-    out = {
-        "env_service": None if cfg.services.env_only() else validate_config(env, EnvServiceConfig, source="env_service"),
-        "reward_service": validate_config(merge_dicts(reward_defaults, cfg.reward_service), RewardServiceConfig,
-                                          source="reward_service"),
-        "rollout_service": validate_config(rollout, RolloutConfig, source="rollout_service"),
-        "learner": validate_config(learner, LearnerConfig, source="learner"),
-    }
-    if cfg.services.env_only():
-        del out["env_service"]
-    if not cfg.services.external() and not cfg.uses_local_reward_service():
-        del out["reward_service"]
+    sections = {"rollout_service": rollout, "learner": learner}
+    if not cfg.services.env_only():
+        sections["env_service"] = env
+    if cfg.services.external() or cfg.uses_local_reward_service():
+        sections["reward_service"] = merge_dicts(reward_defaults, cfg.section("reward_service"))
+    out: dict[str, Any] = {}
+    errors: list[ValidationError] = []
+    bad: list[str] = []
+    for name in SERVICE_SECTIONS:
+        if name in sections:
+            try:
+                out[name] = _SECTION_CLASSES[name].model_validate(sections[name])
+            except ValidationError as err:
+                errors.append(err)
+                bad.append(name)
+    if errors:
+        err = located(errors, bad, title="TrainConfig")
+        if raise_located:
+            raise err
+        raise ConfigError("invalid service config:\n" + describe_errors(err))
     return out
 
 
@@ -406,15 +486,13 @@ def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainC
     """Loads and validates an experiment config, with ``dotted.field=value`` overrides (the
     command line's ``--set``, `sinkflex.config.set_dotted`) applied in order before anything is
     validated: an override is checked exactly like the same field in the file, service sections
-    included (`check_service_sections`).
+    included (`TrainConfig` types each service section with its service's config class).
 
     Raises:
         ConfigError: naming the bad field, e.g. ``rollout.group_size: Input should be greater than or
             equal to 1``, and the file and overrides it came from; or a malformed override.
     """
-    cfg = load_config(path, TrainConfig, overrides=overrides)
-    check_service_sections(cfg, source=describe_source(path, overrides))
-    return cfg
+    return load_config(path, TrainConfig, overrides=overrides)
 
 
 #: Fields of a service config that the job always fills in (`service_configs`): required by the
@@ -429,11 +507,6 @@ def experiment_schema() -> dict[str, Any]:
     valid under it can still fail `load_train_config` on a rule between fields (e.g.
     learner.grpo.temperature must equal rollout.temperature).
     """
-    from env_service.config import EnvServiceConfig
-    from learner_service.config import LearnerConfig
-    from reward_service.config import RewardServiceConfig
-    from rollout_service.config import RolloutConfig
-
     schema = TrainConfig.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     for section, model in [("env_service", EnvServiceConfig), ("reward_service", RewardServiceConfig),
@@ -452,7 +525,25 @@ def experiment_schema() -> dict[str, Any]:
                               "the job fills in: " + (model.__doc__ or "").strip().splitlines()[0])
         sub["default"] = {}
         schema["properties"][section] = sub
+    schema["$defs"] = _referenced_defs(schema)
     return schema
+
+
+def _referenced_defs(schema: dict) -> dict:
+    """The top-level ``$defs`` that something outside ``$defs`` refers to, directly or through
+    another definition (the service classes' own definitions live under their sections)."""
+    defs, keep, todo = schema.get("$defs", {}), set(), [{k: v for k, v in schema.items() if k != "$defs"}]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/") and (name := ref.rsplit("/", 1)[-1]) not in keep:
+                keep.add(name)
+                todo.append(defs[name])
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return {name: d for name, d in defs.items() if name in keep}
 
 
 def _resolve(root: dict, node: dict) -> dict:
@@ -463,20 +554,38 @@ def _resolve(root: dict, node: dict) -> dict:
     return root["$defs"][ref.rsplit("/", 1)[-1]]
 
 
-def check_service_sections(cfg: TrainConfig, source: str = "<config>") -> None:
-    """Validates every service section with that service's own config class now, at load,
-    instead of at launch (after Redis, the model and the task set are prepared): the fields the
-    job derives (model paths, addresses, the Redis URL) get placeholders.
+def demonstrations_path(run_dir: Path) -> Path:
+    """Where the local launch writes the warm start's demonstrations (`driver.warm_start`)."""
+    return run_dir / "warm_start" / "demonstrations.pb"
+
+
+def launch_inputs(cfg: TrainConfig) -> dict[str, Any]:
+    """The keyword arguments of `service_configs` for `cfg` before anything started: `LAUNCH`
+    for the prepared policy, the free ports, the Redis URL and the user simulator's URL; the
+    task folders and demonstration file where the local launch will write them."""
+    run_dir = cfg.run.dir()
+    env_running = cfg.services.env_only()
+    addresses = {name: LAUNCH for name in ("env", "reward", "rollout", "learner")}
+    if env_running:
+        addresses["env"] = cfg.services.env_address
+    if not cfg.uses_local_reward_service():
+        addresses["reward"] = ""
+    task_files = list(cfg.task.task_files)
+    if cfg.task.generate is not None:  # driver.local.prepare_task_files writes them there at start
+        task_files.append(str(run_dir / "tasks"))
+    return {"policy_dir": LAUNCH, "addresses": addresses, "redis_url": cfg.services.redis_url or LAUNCH,
+            "user_base_url": LAUNCH if cfg.launches_user_sim() else None, "task_files": task_files,
+            "demonstrations": str(demonstrations_path(run_dir)) if cfg.warm_start.enabled else None}
+
+
+def _launch_configs(cfg: TrainConfig) -> dict[str, Any]:
+    """`service_configs(cfg, **launch_inputs(cfg))`: each service section typed, at load.
 
     Raises:
-        ConfigError: naming the bad field as `<section>.<field>` and the file.
+        ValidationError: a section's bad field, located as ``<section>.<field>``.
     """
-    placeholder = {name: "127.0.0.1:1" for name in ("env", "reward", "rollout", "learner")}
-    try:
-        service_configs(cfg, "<policy>", placeholder, "redis://127.0.0.1:1", None,
-                        demonstrations="<demonstrations>" if cfg.warm_start.enabled else None)
-    except ConfigError as err:
-        raise ConfigError(f"{source}: {err}") from None
+    return service_configs(cfg, **launch_inputs(cfg), raise_located=True)
 
 
-__all__ = ["ConfigError", "TrainConfig", "experiment_schema", "load_train_config", "service_configs"]
+__all__ = ["ConfigError", "LAUNCH", "SERVICE_SECTIONS", "TrainConfig", "demonstrations_path", "experiment_schema",
+           "launch_inputs", "load_train_config", "service_configs"]

@@ -32,7 +32,7 @@ import yaml
 from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
 from driver.placement import Placement, place, visible_gpus
 from sinkflex.models import resolve_model
-from driver.config import TrainConfig, service_configs
+from driver.config import TrainConfig, demonstrations_path, service_configs
 from sinkflex.config import ConfigError
 from driver.clients import Addresses
 
@@ -69,7 +69,7 @@ def placement_for(cfg: TrainConfig, visible: list[str] | None = None) -> Placeme
             disagrees with local.engine_gpus.
     """
     p = place(cfg.local, visible_gpus() if visible is None else visible, user_sim=cfg.launches_user_sim())
-    tp = (cfg.rollout_service.get("engine") or {}).get("tensor_parallel_size")
+    tp = cfg.section("rollout_service").get("engine", {}).get("tensor_parallel_size")
     if p.on_gpus and tp is not None and tp != p.engine_tp:
         raise ConfigError(f"rollout_service.engine.tensor_parallel_size ({tp}) disagrees with local.engine_gpus "
                           f"({p.engine_tp}): set local.engine_gpus only")
@@ -188,10 +188,6 @@ def prepare_task_files(cfg: TrainConfig) -> list[str]:
             log.info("generated %d train + %d test %s tasks into %s", g.train, g.test, g.domain, out)
         files.append(str(out))
     return files
-
-
-def demonstrations_path(run_dir: Path) -> Path:
-    return run_dir / "warm_start" / "demonstrations.pb"
 
 
 def _learner_started(run_dir: Path) -> bool:

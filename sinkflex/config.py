@@ -44,11 +44,21 @@ def validate_config(data: Any, model: type[T], source: str = "<config>") -> T:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        lines = []
-        for e in err.errors():
-            path = ".".join(str(p) for p in e["loc"]) or "<root>"
-            lines.append(f"  {path}: {e['msg']}")
-        raise ConfigError(f"invalid config {source}:\n" + "\n".join(lines)) from None
+        raise ConfigError(f"invalid config {source}:\n" + describe_errors(err)) from None
+
+
+def describe_errors(err: ValidationError) -> str:
+    """One indented line per error of `err`: ``  dotted.path: message``."""
+    return "\n".join(f"  {'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
+
+
+def located(errors: Sequence[ValidationError], sections: Sequence[str], title: str) -> ValidationError:
+    """One `ValidationError` holding every error of `errors`, each located under its section's
+    name (``errors[i]`` under ``sections[i]``): sections validated on their own, reported as
+    fields of the enclosing config (pydantic's `ValidationError.from_exception_data`)."""
+    return ValidationError.from_exception_data(title, [
+        {"type": e["type"], "loc": (section, *e["loc"]), "input": e["input"], **({"ctx": e["ctx"]} if "ctx" in e else {})}
+        for err, section in zip(errors, sections, strict=True) for e in err.errors(include_url=False)])
 
 
 def read_yaml(path: str | Path) -> dict:

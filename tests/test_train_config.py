@@ -64,12 +64,41 @@ def test_bad_service_section_is_named(tmp_path):
     from driver.config import TrainConfig
     from sinkflex.config import validate_config
 
-    path = _write(tmp_path, {"learner": {"grpo": {"beta": -1}}})
-    with pytest.raises(ConfigError, match=r"learner[\s\S]*grpo\.beta"):  # at load, since the sections are checked then
+    path = _write(tmp_path, {"learner": {"grpo": {"beta": -1}}, "env_service": {"max_sessions": 0}})
+    with pytest.raises(ConfigError) as err:  # at load: each section is typed by its service's class
         load_train_config(path)
-    cfg = validate_config(yaml.safe_load(path.read_text()), TrainConfig)  # and at launch, for configs built in code
-    with pytest.raises(ConfigError, match=r"learner[\s\S]*grpo\.beta"):
-        service_configs(cfg, "/m", ADDRS, "redis://x", None)
+    assert "  learner.grpo.beta: Input should be greater than or equal to 0" in str(err.value)
+    with pytest.raises(ConfigError, match=r"  learner\.grpo\.beta: Input should be greater"):  # configs built in code too
+        validate_config(yaml.safe_load(path.read_text()), TrainConfig)
+    with pytest.raises(ConfigError, match="env_service: must be a mapping of EnvServiceConfig fields, not list"):
+        validate_config({"env_service": ["mock"]}, TrainConfig)
+
+
+def test_service_sections_are_typed_and_dump_as_written(tmp_path):
+    """Each service section is its service's own config class, merged over what the job derives
+    (LAUNCH where only the start knows it); model_dump writes the sections as the file did, so a
+    dumped experiment loads back to the same one."""
+    from driver.config import LAUNCH, TrainConfig
+    from env_service.config import EnvServiceConfig
+    from learner_service.config import LearnerConfig
+    from rollout_service.config import RolloutConfig
+    from sinkflex.config import validate_config
+
+    path = _write(tmp_path, {"learner": {"grpo": {"beta": 0.02}}, "rollout": {"temperature": 0.7}})
+    cfg = load_train_config(path)
+    assert isinstance(cfg.learner, LearnerConfig) and isinstance(cfg.rollout_service, RolloutConfig)
+    assert isinstance(cfg.env_service, EnvServiceConfig)
+    assert cfg.learner.grpo.beta == 0.02 and cfg.learner.grpo.temperature == 0.7  # the file's, and the job's
+    assert cfg.learner.batch.groups_per_step == cfg.task.tasks_per_step
+    assert cfg.rollout_service.agent.temperature == 0.7 and cfg.rollout_service.engine.model == LAUNCH
+    assert cfg.learner.model.path == LAUNCH and cfg.learner.optim.total_steps == cfg.run.steps
+    dumped = cfg.model_dump(mode="json")
+    assert dumped["learner"] == cfg.section("learner") and dumped["learner"]["grpo"] == {"beta": 0.02}
+    assert "model" not in dumped["learner"] and "model" not in dumped["rollout_service"]["engine"]  # derived: not written
+    again = validate_config(dumped, TrainConfig)
+    assert again == cfg and again.model_dump(mode="json") == dumped
+    launched = service_configs(cfg, "/m", ADDRS, "redis://x", None)  # at launch: the same sections, real values
+    assert launched["learner"].model.path == "/m" and launched["learner"].grpo == cfg.learner.grpo
 
 
 def test_missing_and_non_yaml_files(tmp_path):
@@ -112,9 +141,9 @@ def test_a_bad_service_field_fails_at_load_not_at_launch(tmp_path):
     from driver.config import load_train_config
     from sinkflex.config import ConfigError
 
-    for section, field, msg in [("env_service", {"bogus_field": 1}, "env_service:\n  bogus_field"),
-                                ("learner", {"optim": {"lr": -1}}, "optim.lr"),
-                                ("rollout_service", {"agent": {"max_turns": 0}}, "agent.max_turns")]:
+    for section, field, msg in [("env_service", {"bogus_field": 1}, "  env_service.bogus_field: Extra inputs"),
+                                ("learner", {"optim": {"lr": -1}}, "  learner.optim.lr"),
+                                ("rollout_service", {"agent": {"max_turns": 0}}, "  rollout_service.agent.max_turns")]:
         path = tmp_path / f"{section}.yaml"
         path.write_text(yaml.safe_dump({section: field}))
         with pytest.raises(ConfigError, match=msg) as err:

@@ -12,9 +12,6 @@ from sinkflex.service_cli import APP_SETTINGS
 app = typer.Typer(help="Show the resolved experiment config or its JSON schema.",
                   no_args_is_help=True, **APP_SETTINGS)
 
-#: What `config show --services` prints for a value that `train` fills in only when it starts.
-LAUNCH = "<launch>"
-
 SET_HELP = ("override one field, dotted.field=value (value parsed as YAML), e.g. --set task.task_ids=[create_task_1];"
             " repeatable, applied in order")
 
@@ -39,7 +36,7 @@ def show(
     """
     import yaml
 
-    from driver.config import load_train_config
+    from driver.config import LAUNCH, load_train_config
     from sinkflex.config import ConfigError, describe_source
 
     overrides = overrides or []
@@ -80,29 +77,13 @@ def schema() -> None:
 
 def launched_service_configs(cfg) -> dict[str, Any]:
     """{section: config as a JSON-able dict} of every service `train` would launch locally for
-    `cfg`, derived with `driver.config.service_configs` exactly as `driver.local.launch_local`
-    does, with `LAUNCH` for what is known only at start. Empty when every service runs already.
-
-    Raises:
-        ConfigError: a service section has a bad field (named as `<section>.<field>`).
+    `cfg`: its typed service sections, resolved at load by `driver.config.service_configs` as
+    `driver.local.launch_local` does, with `driver.config.LAUNCH` for what is known only at
+    start. Empty when every service runs already.
     """
-    from driver.config import service_configs
-    from driver.local import demonstrations_path
+    from driver.config import SERVICE_SECTIONS
 
     if cfg.services.external():
         return {}
-    run_dir = cfg.run.dir()
-    env_running = cfg.services.env_only()
-    addresses = {name: LAUNCH for name in ("env", "reward", "rollout", "learner")}
-    if env_running:
-        addresses["env"] = cfg.services.env_address
-    if not cfg.uses_local_reward_service():
-        addresses["reward"] = ""
-    task_files = list(cfg.task.task_files)
-    if cfg.task.generate is not None:  # driver.local.prepare_task_files writes them there at start
-        task_files.append(str(run_dir / "tasks"))
-    user_base_url = LAUNCH if (not cfg.task.solo_mode and cfg.models.user_simulator and not env_running) else None
-    configs = service_configs(cfg, LAUNCH, addresses, cfg.services.redis_url or LAUNCH, user_base_url,
-                              task_files=task_files,
-                              demonstrations=str(demonstrations_path(run_dir)) if cfg.warm_start.enabled else None)
-    return {name: c.model_dump(mode="json") for name, c in configs.items()}
+
+    return {name: getattr(cfg, name).model_dump(mode="json") for name in SERVICE_SECTIONS if getattr(cfg, name) is not None}
