@@ -261,18 +261,37 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _commit() -> str | None:
+    """The checkout's commit (None outside git)."""
+    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    return out.stdout.strip() or None
+
+
 def write_docs(rows: list[dict], command: str, md_path: Path, json_path: Path) -> None:
-    """The "Faults" section of `md_path` and `faults` in `json_path`; everything else kept."""
+    """The "Faults" section of `md_path` and `faults` in `json_path`; everything else kept.
+
+    `rows` replace the recorded rows of the same (process, action); the others stay, each with
+    the command, commit and time that measured it (a full list takes ~9 min a fault here, so
+    rows accumulate over several runs).
+    """
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
-    data["faults"] = [{k: r.get(k) for k in ("process", "action", "outcome", "groups_lost", "groups_trained_twice")}
-                      for r in rows]
+    stamp = {"command": command, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "commit": _commit(), "load_avg_at_end": round(os.getloadavg()[0], 2)}
+    new = {(r["process"], r["action"]): {**r, **stamp} for r in rows}
+    old = {(r["process"], r["action"]): r for r in data.get("faults_detail", [])}
+    order = [f for f in ALL_FAULTS if f in new or f in old] + [f for f in {**old, **new} if f not in ALL_FAULTS]
+    rows = [new.get(f) or old[f] for f in order]
+    data["faults"] = [{k: r.get(k) for k in ("process", "action", "outcome", "groups_lost", "groups_trained_twice",
+                                             "measured_at", "commit")} for r in rows]
     data["faults_detail"] = rows
     json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     table = "\n".join(f"| {r['process']} | {r['action']} | {r['outcome'].replace('|', '/')} | {r.get('groups_lost')} | "
-                      f"{r.get('groups_trained_twice')} |" for r in rows)
+                      f"{r.get('groups_trained_twice')} | {r.get('measured_at', '?')}, `{r.get('command', '?')}` |"
+                      for r in rows)
     section = f"""Faults
 
-Produced by `{command}` ([`benchmarks/faults.py`](../benchmarks/faults.py); the same rows are in
+Each row is measured by [`benchmarks/faults.py`](../benchmarks/faults.py) (the command and time
+are in its last column; commits and the load average in reliability.json); the same rows are in
 [reliability.json](reliability.json) under `faults`, with the buffer's and the learner's figures
 under `faults_detail`). Each row is its own tiny `sinkflex-rl train` (mock domain, solo mode,
 SmolLM2, 3 steps, `tiny_config`); the fault is injected after step 1 into the process named in
@@ -280,8 +299,8 @@ the run's `pids.json`; a run that stopped is re-run with the same command. **Los
 but neither trained nor counted as dropped at the end; **twice**: trained in two learner steps.
 A short version (one fault) runs in the suite: `tests/test_faults.py`.
 
-| process | action | outcome | groups lost | groups trained twice |
-| --- | --- | --- | --- | --- |
+| process | action | outcome | groups lost | groups trained twice | measured |
+| --- | --- | --- | --- | --- | --- |
 {table}
 
 What each outcome means: the driver checks the launched processes (and the ones it watches:
@@ -296,7 +315,7 @@ restarted by default; `local.restart_services: [reward]` (or env) restarts a dea
 service up to `local.max_restarts` times while the rollout service retries its ScoreBatch
 with backoff (not measured in this table).
 """
-    done = {(r["process"], r["action"]) for r in rows}
+    done = set(order)
     missing = [f"{a} {b}" for a, b in ALL_FAULTS if (a, b) not in done]
     if missing:
         section += (f"\nNot in this table (the whole list takes ~9 min a fault on a 2-core machine; run "
