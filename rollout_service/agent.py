@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -60,6 +61,10 @@ def episode_seed(seed: int, task_id: str, sample: int) -> int:
     (blake2b of the three: deterministic, independent across tasks and samples)."""
     digest = hashlib.blake2b(f"{seed}/{task_id}/{sample}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+#: `reward_breakdown.info` of a finished trajectory whose group the shutdown cut short.
+GROUP_STOPPED = "not scored: another episode of its group was ended by the rollout service's stop (SIGTERM)"
 
 
 class AgentLoop:
@@ -97,6 +102,10 @@ class AgentLoop:
         self.buffer_timeout = buffer_timeout
         self.groups_in_flight = 0
         self.groups_completed = 0
+        self.stopping = threading.Event()
+        """Set when the service begins to stop (SIGTERM, `RolloutWorker.begin_stop`): every
+        episode ends at its next turn boundary as STOPPED and its group is returned, not scored
+        and not published (`run_group`)."""
         self.totals: dict[str, float] = {}
 
     def formatter(self) -> Formatter:
@@ -115,7 +124,8 @@ class AgentLoop:
         """
         spec = dataclasses.replace(spec, env_max_steps=spec.env_max_steps or self.env_max_steps,
                                    text_ends_episode=spec.text_ends_episode or self.text_ends_episode(spec.env))
-        episode = await run_episode(self.engine, self.env, self.formatter(), spec, prefill_lock)
+        episode = await run_episode(self.engine, self.env, self.formatter(), spec, prefill_lock,
+                                    stopping=self.stopping.is_set)
         for k, v in episode.metrics().items():
             self.totals[k] = self.totals.get(k, 0.0) + v
         return episode_to_proto(episode)
@@ -131,6 +141,11 @@ class AgentLoop:
         noisy than it is); the same (seed, task, i) replays the same stream. With
         `publish` and a buffer, the group is `put` into the trajectory buffer (waits under
         backpressure) before it is returned.
+
+        Once `stopping` is set, the group's episodes end at their next turn boundary (STOPPED)
+        and the group is returned as it is: every trajectory unscored (reward NaN, the reason in
+        `reward_breakdown.info`, metric `stopped` 1.0 on those the shutdown ended), never
+        published (a group cut short is not G samples of the policy; `totals["groups_stopped"]`).
         """
         self.groups_in_flight += 1
         try:
@@ -140,12 +155,20 @@ class AgentLoop:
                                  max_turns, max_context_tokens, solo_mode) for i in range(group_size)]
             lock = asyncio.Lock()
             trajs = await asyncio.gather(*(self.run_episode(s, lock) for s in specs))
-            await self._score(trajs, solo_mode, env)
+            stopped = any(t.metrics.get("stopped") for t in trajs)
+            if stopped:
+                self._mark_stopped(trajs)
+            else:
+                await self._score(trajs, solo_mode, env)
             group = common_pb2.TrajectoryGroup(group_id=uuid.uuid4().hex, task_id=task_id, env=env, trajectories=trajs)
             ts = Timestamp()
             ts.GetCurrentTime()
             group.created_at.CopyFrom(ts)
-            if publish and self.buffer is not None:
+            if stopped:
+                self.totals["groups_stopped"] = self.totals.get("groups_stopped", 0.0) + 1.0
+                log.warning("group of %s/%s stopped by the service's shutdown: returned as failed, not published",
+                            env, task_id)
+            elif publish and self.buffer is not None:
                 await asyncio.to_thread(self.buffer.put, group, self.buffer_timeout)
             self.groups_completed += 1
             return group
@@ -194,6 +217,14 @@ class AgentLoop:
                 self.totals["reward_retries"] = self.totals.get("reward_retries", 0.0) + 1.0
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _mark_stopped(self, trajs: Sequence[common_pb2.Trajectory]) -> None:
+        """A group the shutdown cut short: not scored, each trajectory says why (`run_group`)."""
+        for t in trajs:
+            if not t.metrics.get("stopped"):  # finished, but its group is incomplete (the stopped ones say why already)
+                t.reward = math.nan
+                t.reward_breakdown.CopyFrom(common_pb2.RewardBreakdown(reward=math.nan, info=GROUP_STOPPED))
+        self._count_unscored(trajs)
 
     def _count_unscored(self, trajs: Sequence[common_pb2.Trajectory]) -> None:
         """Metric `unscored` (1.0 / 0.0) on each trajectory, summed into `totals`: a NaN reward

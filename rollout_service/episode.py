@@ -40,7 +40,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf import json_format
@@ -88,6 +88,7 @@ class EpisodeStatus(enum.Enum):
     AGENT_ERROR = "agent_error"  # an empty reply (tau2 rejects empty agent messages)
     ENV_ERROR = "env_error"  # an env call (reset / step) raised
     GENERATION_ERROR = "generation_error"  # the generator or the formatter raised
+    STOPPED = "stopped"  # the service began to stop (SIGTERM): ended at a turn boundary, what was sampled kept
 
 
 #: status -> the wire termination reason (DONE: the env's own).
@@ -97,7 +98,11 @@ TERMINATION = {
     EpisodeStatus.AGENT_ERROR: TR.TERMINATION_REASON_AGENT_ERROR,
     EpisodeStatus.ENV_ERROR: TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR,
     EpisodeStatus.GENERATION_ERROR: TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR,
+    EpisodeStatus.STOPPED: TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR,
 }
+
+#: `Episode.error` of an episode ended because the service is stopping.
+STOPPED_ERROR = "the rollout service is stopping (SIGTERM): episode ended before agent turn {turn}"
 
 
 @dataclass(frozen=True)
@@ -162,7 +167,7 @@ class Episode:
 
     @property
     def infrastructure_error(self) -> bool:
-        return self.status in (EpisodeStatus.ENV_ERROR, EpisodeStatus.GENERATION_ERROR)
+        return self.status in (EpisodeStatus.ENV_ERROR, EpisodeStatus.GENERATION_ERROR, EpisodeStatus.STOPPED)
 
     def metrics(self) -> dict[str, float]:
         """The per-episode metrics that add up over episodes (`AgentLoop.totals`)."""
@@ -180,7 +185,8 @@ class Episode:
 def episode_to_proto(ep: Episode) -> common_pb2.Trajectory:
     """The wire Trajectory of an episode: the token record, messages, turns, termination
     reason, the env's reward (and breakdown, when the env ended the episode) and metrics
-    (`Episode.metrics`, plus `infrastructure_error` 1.0 on ENV_ERROR / GENERATION_ERROR and
+    (`Episode.metrics`, plus `infrastructure_error` 1.0 on ENV_ERROR / GENERATION_ERROR / STOPPED,
+    `stopped` 1.0 and reward NaN with the reason in `reward_breakdown.info` on STOPPED, and
     `policy_versions`, the number of distinct versions over the turns, when a turn ran)."""
     traj = common_pb2.Trajectory(
         trajectory_id=ep.trajectory_id, task_id=ep.task_id, env=ep.env, policy_version=ep.policy_version,
@@ -193,6 +199,10 @@ def episode_to_proto(ep: Episode) -> common_pb2.Trajectory:
         traj.reward_breakdown.CopyFrom(ep.env_breakdown)
     if ep.infrastructure_error:
         traj.metrics["infrastructure_error"] = 1.0
+    if ep.status is EpisodeStatus.STOPPED:  # the reason, on the wire: unscored, with why
+        traj.metrics["stopped"] = 1.0
+        traj.reward = math.nan
+        traj.reward_breakdown.CopyFrom(common_pb2.RewardBreakdown(reward=math.nan, info=ep.error))
     if ep.turns:  # > 1: a weight update landed between turns
         traj.metrics["policy_versions"] = float(len({t.policy_version for t in ep.turns}))
     for k, v in ep.metrics().items():
@@ -303,7 +313,7 @@ def _action(parsed, turn: int) -> common_pb2.Message:
 
 # -- the episode ----------------------------------------------------------------------------------
 async def run_episode(generator: Generator, env, formatter: Formatter, spec: EpisodeSpec,
-                      prefill_lock: asyncio.Lock | None = None) -> Episode:
+                      prefill_lock: asyncio.Lock | None = None, stopping: Callable[[], bool] | None = None) -> Episode:
     """Runs one episode; never raises for env / generator / formatter failures (ENV_ERROR,
     GENERATION_ERROR: what was sampled is kept).
 
@@ -314,6 +324,10 @@ async def run_episode(generator: Generator, env, formatter: Formatter, spec: Epi
         spec: what to run.
         prefill_lock: shared by the G episodes of a group: the first prompt is prefilled under
             it (`prefill`) before the first turn.
+        stopping: asked before the env is reset and before every agent turn; True ends the
+            episode there with STOPPED (INFRASTRUCTURE_ERROR on the wire, `STOPPED_ERROR` as its
+            error, every turn sampled so far kept): the service's graceful stop, which hands every
+            in-flight episode back as failed with its reason instead of losing it.
     """
     trajectory_id = uuid.uuid4().hex
     start_version = generator.policy_version
@@ -326,7 +340,10 @@ async def run_episode(generator: Generator, env, formatter: Formatter, spec: Epi
     status, reason, error = EpisodeStatus.MAX_TURNS, None, ""
     env_return = 0.0  # sum of the env's Step rewards (Gymnasium's return; the contract gives 0 before the end)
     breakdown = None
+    stopping = stopping or (lambda: False)
     try:
+        if stopping():
+            return _stopped_episode(trajectory_id, spec, start_version, clock, STOPPED_ERROR.format(turn=1))
         reset = await _env_call(clock, env.reset, env_pb2.ResetRequest(
             env=spec.env, task_id=spec.task_id, seed=spec.env_seed, solo_mode=spec.solo_mode,
             max_steps=spec.env_max_steps))
@@ -338,6 +355,9 @@ async def run_episode(generator: Generator, env, formatter: Formatter, spec: Epi
             tokens.add_prompt(formatter.initial_prompt(reset.system_prompt, reset.tools, reset.observation))
         prompt_start = 0
         for turn in range(spec.max_turns):
+            if stopping():
+                status, error = EpisodeStatus.STOPPED, STOPPED_ERROR.format(turn=turn + 1)
+                break
             budget = turn_budget(spec, generator, len(tokens.ids))
             if budget <= 0:
                 status = EpisodeStatus.CONTEXT_FULL
@@ -397,3 +417,11 @@ async def run_episode(generator: Generator, env, formatter: Formatter, spec: Epi
         token_ids=tuple(tokens.ids), logprobs=tuple(tokens.logprobs), loss_mask=tuple(tokens.mask),
         messages=tuple(messages), turns=tuple(turns), start_policy_version=start_version, env_return=env_return,
         env_breakdown=breakdown, timing=clock.timing(), error=error)
+
+
+def _stopped_episode(trajectory_id: str, spec: EpisodeSpec, version: int, clock: "_Clock", error: str) -> Episode:
+    """An episode stopped before its env was reset: no tokens, no session."""
+    return Episode(trajectory_id=trajectory_id, env=spec.env, task_id=spec.task_id, status=EpisodeStatus.STOPPED,
+                   termination_reason=TERMINATION[EpisodeStatus.STOPPED], token_ids=(), logprobs=(), loss_mask=(),
+                   messages=(), turns=(), start_policy_version=version, env_return=0.0, env_breakdown=None,
+                   timing=clock.timing(), error=error)

@@ -1,9 +1,11 @@
 """The gRPC servicer of RolloutService over `RolloutWorker`, and `build_server()`.
 
 Health: NOT_SERVING until the vLLM engine is loaded, then SERVING; reflection; size limits;
-graceful stop on SIGTERM (`sinkflex.serving.ServiceServer`): new RPCs are refused and
-in-flight Rollout streams get the grace period to finish their groups; groups already
-published to the buffer are never lost (the buffer holds them until the learner acks).
+graceful stop on SIGTERM (`sinkflex.serving.ServiceServer`): new RPCs are refused; every
+in-flight episode ends at its next turn boundary (`RolloutWorker.begin_stop`) and its group is
+streamed back as failed (INFRASTRUCTURE_ERROR, metric `stopped`, the reason in
+`reward_breakdown.info`), unscored and never published, within the grace period; groups
+already published to the buffer are never lost (the buffer holds them until the learner acks).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def build_server(config: RolloutConfig, port: int = 50053, host: str = "127.0.0.
     server.start()
     worker = worker if worker is not None else RolloutWorker(config)
     servicer.set_worker(worker)
+    server.on_stopping(worker.begin_stop)
     server.set_serving()
     log.info("rollout service SERVING on %s:%d (model %s)", host, server.port, config.engine.model)
     _watch_engine(server, worker)

@@ -235,6 +235,13 @@ class RolloutWorker:
             resp.metrics["user_sim_requests"] = float(self.user_sim.requests)
         return resp
 
+    def begin_stop(self) -> None:
+        """The graceful stop begins (SIGTERM): in-flight episodes end at their next turn boundary
+        and come back as failed with the reason (`AgentLoop.stopping`), so every in-flight
+        Rollout stream ends within the grace period with all its groups instead of being cut."""
+        log.warning("stopping: in-flight episodes end at their next turn (returned as failed, not published)")
+        self.loop.stopping.set()
+
     def close(self) -> None:
         if self.user_sim is not None:
             self.user_sim.close()

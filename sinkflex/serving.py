@@ -247,6 +247,7 @@ class ServiceServer:
         self._stopped = threading.Event()
         self._metrics_server: MetricsServer | None = None
         self._on_stop: list[Callable[[], None]] = []
+        self._on_stopping: list[Callable[[], None]] = []
 
     def _set_all(self, status: int) -> None:
         for name in ["", *self.service_names]:
@@ -277,6 +278,11 @@ class ServiceServer:
         """Health NOT_SERVING while the server keeps answering (e.g. its engine died)."""
         self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
 
+    def on_stopping(self, fn: Callable[[], None]) -> None:
+        """Registers a callback run when the stop begins, before the grace period (e.g. tell
+        in-flight work to wind down so that it ends within the grace period)."""
+        self._on_stopping.append(fn)
+
     def on_stop(self, fn: Callable[[], None]) -> None:
         """Registers a callback run after the server has stopped (free sessions, engines...)."""
         self._on_stop.append(fn)
@@ -286,6 +292,11 @@ class ServiceServer:
         if self._stopped.is_set():
             return
         self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+        for fn in self._on_stopping:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - shutdown must go on
+                log.exception("stopping callback failed")
         self.server.stop(self.grace_seconds).wait()
         if self._metrics_server is not None:
             self._metrics_server.stop()

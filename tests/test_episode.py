@@ -345,3 +345,79 @@ def test_the_vllm_engine_has_the_generator_signature():
     assert list(inspect.signature(Engine.generate).parameters) == want
     assert list(inspect.signature(ScriptedGenerator.generate).parameters) == want
     assert inspect.iscoroutinefunction(Engine.generate)
+
+
+def test_a_stopping_service_ends_episodes_at_a_turn_boundary_as_failed_with_the_reason(tokenizer, env, task):
+    """SIGTERM's graceful stop (`AgentLoop.stopping`): asked before the reset and before every
+    turn, it ends the episode there as STOPPED: the turns sampled so far are kept, the session is
+    closed, and on the wire it is INFRASTRUCTURE_ERROR, unscored (NaN) with the reason."""
+    import math
+
+    from rollout_service.episode import STOPPED_ERROR, EpisodeStatus, episode_to_proto, run_episode
+    from rollout_service.formatting import ChatTemplateFormatter
+    from rollout_service.generator import ScriptedGenerator
+
+    task_id, texts = task
+    fmt = ChatTemplateFormatter(tokenizer)
+    gen = ScriptedGenerator.from_texts(tokenizer, texts, fmt.eot_id)
+    closing = _StepFails(env, fail_at=0)  # never fails: records the closed sessions
+    ep = asyncio.run(run_episode(gen, closing, fmt, _spec(task_id), stopping=lambda: gen.calls >= 1))
+    assert ep.status is EpisodeStatus.STOPPED and ep.error == STOPPED_ERROR.format(turn=2)
+    assert len(ep.turns) == 1 and ep.loss_mask[-1] == 0 and len(closing.closed) == 1  # the env reply to turn 1 is kept
+    _check_token_record(ep, gen)
+    traj = episode_to_proto(ep)
+    assert traj.termination_reason == TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR
+    assert traj.metrics["stopped"] == 1.0 and traj.metrics["infrastructure_error"] == 1.0
+    assert math.isnan(traj.reward) and traj.reward_breakdown.info == ep.error and "SIGTERM" in ep.error
+    # stopping before the reset: no session, no tokens
+    gen = ScriptedGenerator.from_texts(tokenizer, texts, fmt.eot_id)
+    ep = asyncio.run(run_episode(gen, closing, fmt, _spec(task_id), stopping=lambda: True))
+    assert ep.status is EpisodeStatus.STOPPED and ep.token_ids == () and gen.calls == 0 and len(closing.closed) == 1
+    assert ep.error == STOPPED_ERROR.format(turn=1)
+
+
+def test_a_group_cut_short_by_the_stop_is_returned_unscored_and_never_published(tokenizer, env, reward, task,
+                                                                                 redis_embedded_url, unique_stream):
+    """AgentLoop.run_group while the service stops: every episode of the group comes back
+    (none lost), the group is not scored and not put into the buffer (a group cut short is not
+    G samples of the policy); `totals["groups_stopped"]` counts it. Without the stop the same
+    group is scored 1.0 and published."""
+    import math
+
+    from rollout_service.agent import GROUP_STOPPED, AgentLoop
+    from rollout_service.engine import Sampling
+    from rollout_service.formatting import ChatTemplateFormatter
+    from rollout_service.generator import ScriptedGenerator
+    from sinkflex.buffer import TrajectoryBuffer
+
+    task_id, texts = task
+    buffer = TrajectoryBuffer(redis_embedded_url, stream=unique_stream)
+    try:
+        class StopsTheService(ScriptedGenerator):
+            """SIGTERM arrives while the first reply of sample 0 is being generated."""
+
+            async def generate(self, prompt_ids, sampling, **kwargs):
+                out = await super().generate(prompt_ids, sampling, **kwargs)
+                loop.stopping.set()
+                return out
+
+        eot = ChatTemplateFormatter(tokenizer).eot_id
+        loop = AgentLoop(StopsTheService.from_texts(tokenizer, texts, eot), tokenizer, env, reward=reward, buffer=buffer)
+        group = asyncio.run(loop.run_group("mock", task_id, 1, Sampling(max_new_tokens=256, seed=3), 6, 8192,
+                                           solo_mode=True, publish=True))
+        (traj,) = group.trajectories
+        assert traj.metrics["stopped"] == 1.0 and len(traj.turns) == 1 and math.isnan(traj.reward)
+        assert traj.termination_reason == TR.TERMINATION_REASON_INFRASTRUCTURE_ERROR and "SIGTERM" in traj.reward_breakdown.info
+        assert loop.totals["groups_stopped"] == 1.0 and loop.totals["unscored"] == 1.0 and loop.groups_completed == 1
+        assert buffer.stats().stream_length == 0  # not published
+        # a finished episode in a stopped group is unscored too, and says why
+        loop._mark_stopped([traj, finished := common_pb2.Trajectory(reward=1.0)])  # noqa: SLF001
+        assert math.isnan(finished.reward) and finished.reward_breakdown.info == GROUP_STOPPED
+        # the same group without the stop: scored and published
+        plain = AgentLoop(ScriptedGenerator.from_texts(tokenizer, texts, eot), tokenizer, env, reward=reward, buffer=buffer)
+        group = asyncio.run(plain.run_group("mock", task_id, 1, Sampling(max_new_tokens=256, seed=3), 6, 8192,
+                                            solo_mode=True, publish=True))
+        assert group.trajectories[0].reward == 1.0 and buffer.stats().stream_length == 1
+    finally:
+        buffer.delete()
+        buffer.close()
