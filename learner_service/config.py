@@ -96,14 +96,24 @@ class GRPOConfig(StrictModel):
 class OptimConfig(StrictModel):
     """AdamW and the learning-rate schedule (transformers.get_scheduler)."""
 
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"each of AdamW's betas must be in [0, 1), got {list(v)}")
+        return v
+
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's (β1, β2), each in [0, 1) (torch.optim.AdamW)."""
     eps: float = Field(1e-8, gt=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm; None: no clipping (the norm is still logged)."""
-    scheduler: str = "constant_with_warmup"
-    """A transformers scheduler name: constant, constant_with_warmup, linear, cosine, ..."""
+    scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
+                       "inverse_sqrt"] = "constant_with_warmup"
+    """The learning-rate schedule, by its `transformers.get_scheduler` name (those that need no
+    argument beyond warmup_steps and total_steps)."""
     warmup_steps: int = Field(0, ge=0)
     total_steps: int = Field(1000, ge=1)
     """Optimiser steps the schedule spans (linear/cosine decay)."""

@@ -48,8 +48,38 @@ def validate_config(data: Any, model: type[T], source: str = "<config>") -> T:
 
 
 def describe_errors(err: ValidationError) -> str:
-    """One indented line per error of `err`: ``  dotted.path: message``."""
-    return "\n".join(f"  {'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
+    """One indented line per error of `err`: ``  dotted.path: message``; a rule between fields
+    (a model validator's ValueError, no location of its own) as its message alone, which names
+    the fields."""
+
+    def line(e) -> str:
+        where = ".".join(str(p) for p in e["loc"])
+        if not where and e["type"] == "value_error":
+            return "  " + e["msg"].removeprefix("Value error, ")
+        return f"  {where or '<root>'}: {e['msg']}"
+
+    return "\n".join(line(e) for e in err.errors())
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping with a key twice is an error (PyYAML keeps the
+    last one silently; YAML 1.2 says keys are unique)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # unhashable keys: the base class reports them
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str):
+    """`yaml.safe_load(text)`, with duplicate mapping keys an error (`yaml.YAMLError`)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def located(errors: Sequence[ValidationError], sections: Sequence[str], title: str) -> ValidationError:
@@ -73,7 +103,7 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = load_yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as err:
         raise ConfigError(f"config {path} is not UTF-8 text: {err}") from None
     except yaml.YAMLError as err:

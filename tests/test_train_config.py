@@ -191,3 +191,23 @@ def test_per_purpose_breaks_validation_down_by_task_purpose():
                    "Create a task.": {"tasks": 2, "mean_at_1": 0.75},
                    "Set a status.": {"tasks": 1, "mean_at_1": 0.0}}
     assert list(out) == sorted(out) and per_purpose({}, {}) == {}
+
+
+def test_duplicate_keys_bad_optimiser_values_and_rules_between_fields_are_clear(tmp_path):
+    """A key written twice is an error (PyYAML would keep the last one silently); AdamW's betas
+    and the scheduler name are checked at load; a rule between fields is reported as its own
+    message, which names the fields (no ``<root>: Value error,`` prefix)."""
+    path = tmp_path / "dup.yaml"
+    path.write_text("run:\n  name: x\nrun:\n  name: y\n")
+    with pytest.raises(ConfigError, match="not valid YAML: duplicate key 'run'"):
+        load_train_config(path)
+    demo = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+    for override, message in [
+        ("learner.optim.betas=[0.9, 2]", "  learner.optim.betas: Value error, each of AdamW's betas must be in [0, 1)"),
+        ("learner.optim.scheduler=nosuch", "  learner.optim.scheduler: Input should be 'constant'"),
+        ("learner=5", "\n  learner: must be a mapping of LearnerConfig fields, not int"),
+        ("rollout.temperature=0.5", "\n  learner.grpo.temperature (1.0) must equal rollout.temperature (0.5)"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            load_train_config(demo, [override] + (["learner.grpo.temperature=1.0"] if "temperature" in override else []))
+        assert message in str(err.value) and "<root>" not in str(err.value), (override, str(err.value))

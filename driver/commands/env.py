@@ -70,6 +70,7 @@ def replay(
     user_model: Optional[str] = typer.Option(None, help="user LLM (in-process only)"),
     user_base_url: Optional[str] = typer.Option(None, help="user LLM base URL (in-process only)"),
     show: bool = typer.Option(False, "--show", help="print the trajectory"),
+    ready_timeout: float = typer.Option(10.0, help="seconds to wait for the server at --address to be SERVING"),
 ) -> None:
     """Replay a task's golden actions and print the final reward.
 
@@ -82,24 +83,28 @@ def replay(
     quiet_tau2_logs()
     from env_service.replay import replay_golden
 
-    client = None
-    if address:
-        from env_service.client import GrpcEnvClient
-
-        client = GrpcEnvClient(address, wait_ready=True)
-    else:
-        from env_service.client import LocalEnvClient
-        from env_service.config import EnvServiceConfig
-
-        kw = {"domains": (env,)}
-        if user_model:
-            kw["user_model"] = user_model
-        if user_base_url:
-            kw["user_base_url"] = user_base_url
-        client = LocalEnvClient(EnvServiceConfig(**kw))
     from sinkflex.errors import ServiceError
 
     try:
+        if address:
+            from env_service.client import GrpcEnvClient
+            from sinkflex.serving import wait_for_serving
+
+            client = GrpcEnvClient(address, timeout=120)
+            try:
+                wait_for_serving(client.channel, "", timeout=ready_timeout)
+            except TimeoutError:
+                raise ValueError(f"no env server SERVING at {address} within {ready_timeout:g} s") from None
+        else:
+            from env_service.client import LocalEnvClient
+            from env_service.config import EnvServiceConfig
+
+            kw = {"domains": (env,)}
+            if user_model:
+                kw["user_model"] = user_model
+            if user_base_url:
+                kw["user_base_url"] = user_base_url
+            client = LocalEnvClient(EnvServiceConfig(**kw))  # ValueError: unknown domain
         result = replay_golden(client, env, task, solo_mode=solo)
     except (ServiceError, KeyError, ValueError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else str(err)

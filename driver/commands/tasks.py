@@ -58,7 +58,11 @@ def generate(
         typer.secho("error: --train and --test are both 0: nothing to generate", fg="red", err=True)
         raise typer.Exit(2)
     task_set = generate_mock_tasks(train, test, seed)
-    write_task_dir(task_set, out)
+    try:
+        write_task_dir(task_set, out)
+    except OSError as err:  # a parent that is a file, a read-only or virtual file system, ...
+        typer.secho(f"error: cannot write the task set to {out}: {err.strerror or err}", fg="red", err=True)
+        raise typer.Exit(2) from None
     counts = summary(task_set)
     table = Table(title=f"{domain} tasks, seed {seed}")
     table.add_column("family")
