@@ -108,3 +108,17 @@ def test_replay_in_process_wrong_task():
     result = CliRunner().invoke(app, ["env", "replay", "--env", "mock", "--task", "update_task_1", "--solo"])
     assert result.exit_code == 0, result.output
     assert "reward=1 " in result.output
+
+
+def test_replay_of_an_unreachable_server_or_an_unknown_domain_fails_in_one_line():
+    """`env replay --address` with nothing listening gives up after --ready-timeout (it used to
+    wait forever); an unknown domain in-process is one error line, not a traceback."""
+    port = _free_port()
+    t0 = time.monotonic()
+    result = CliRunner().invoke(app, ["env", "replay", "--env", "mock", "--task", "create_task_1", "--solo",
+                                      "--address", f"127.0.0.1:{port}", "--ready-timeout", "2"])
+    assert result.exit_code == 2 and time.monotonic() - t0 < 30, result.output
+    assert f"error: no env server SERVING at 127.0.0.1:{port} within 2 s" in result.output
+    result = CliRunner().invoke(app, ["env", "replay", "--env", "nosuch", "--task", "x", "--solo"])
+    assert result.exit_code == 2 and "error: unknown tau2 domain 'nosuch'" in result.output
+    assert "Traceback" not in result.output

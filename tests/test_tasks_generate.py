@@ -244,6 +244,8 @@ def test_generate_and_check_refuse_bad_input_clearly(tmp_path):
     afile.write_text("x")
     r = runner.invoke(app, ["tasks", "generate", "mock", "--train", "2", "--test", "2", "--out", str(afile)])
     assert r.exit_code == 2 and "is not a directory" in r.output
+    r = runner.invoke(app, ["tasks", "generate", "mock", "--train", "2", "--test", "2", "--out", str(afile / "sub")])
+    assert r.exit_code == 2 and f"cannot write the task set to {afile / 'sub'}" in r.output, r.output
     r = runner.invoke(app, ["tasks", "generate", "mock", "--train", "0", "--test", "0", "--out", str(tmp_path / "z")])
     assert r.exit_code == 2 and "nothing to generate" in r.output
     r = runner.invoke(app, ["tasks", "generate", "mock", "--train", "200000", "--test", "1", "--out", str(tmp_path / "h")])
