@@ -22,7 +22,9 @@ def test_group_rescoring_with_shared_prefix_equals_full_forward(smollm2_dir):
     for t, ref in zip(trajs, refs):
         full = rescore(model, t, temperature=0.7)
         assert ref.shape == full.shape == (len(t.token_ids),)
-        torch.testing.assert_close(ref[len(prompt):], full[len(prompt):], atol=1e-4, rtol=0)
+        # float32: the shared-prefix forward sums in another order than the full one; log-probs of
+        # up to ~-25 nats then differ by a few ulp (5e-6 relative was seen): 1e-4 absolute plus 2e-5 relative
+        torch.testing.assert_close(ref[len(prompt):], full[len(prompt):], atol=1e-4, rtol=2e-5)
         assert (ref[len(prompt):] < 0).all()
     # a trajectory whose engine log-probs are the re-scored ones has zero mismatch
     t = trajs[0]
