@@ -45,8 +45,11 @@ def _config(run_dir: Path, policy: Path) -> dict:
 def _train(config: Path, **popen) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)
+    # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background (`cmd &` in a
+    # script) passes SIGINT down as ignored, and Python then never raises KeyboardInterrupt
     return subprocess.Popen([sys.executable, "-m", "driver.cli", "train", "-c", str(config)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen)
 
 
 def _records(run_dir: Path, kind: str) -> list[dict]:
