@@ -89,6 +89,23 @@ POLL_TIMEOUT_S = 30.0
 UPDATE_WEIGHTS_TIMEOUT_S = 600.0
 
 
+def recovered_train_records(driver: list[dict], learner: list[dict], v0: int, done_steps: int) -> list[tuple[int, dict]]:
+    """(step, record) for each RL step 1..`done_steps` that has no "train" record in `driver`
+    (the driver's metrics.jsonl records): the learner's "train" record of policy version
+    `v0` + step (its last one, if the step was re-done after a crash), less kind/step/time,
+    with `recovered` 1; just `recovered` 1 where the learner has none either.
+    """
+    have = {int(r["step"]) for r in driver if r["kind"] == "train"}
+    by_version = {int(r["policy_version"]): r for r in learner
+                  if r["kind"] == "train" and r.get("policy_version") is not None}
+    out = []
+    for s in range(1, done_steps + 1):
+        if s not in have:
+            record = {k: v for k, v in by_version.get(v0 + s, {}).items() if k not in ("kind", "step", "time")}
+            out.append((s, {**record, "recovered": 1}))
+    return out
+
+
 class Controller:
     """Runs the training loop of `cfg` against the services behind `clients`.
 
@@ -334,9 +351,31 @@ class Controller:
         elif val_every and version == 0:
             self.validate("base", 0)
         start = version - self.v0
+        self._recover_train_records(start)
         if start < cfg.run.steps:
             self._train_loop(start, pool)
         return self.learner_status().policy_version
+
+    def _recover_train_records(self, done_steps: int) -> list[int]:
+        """Writes the train record of every RL step the learner finished but the driver did not
+        record (the run stopped after the learner published the version and before the driver
+        saw it served, e.g. a dead vLLM engine): one record per policy version, from the
+        learner's own record of that step (<run dir>/learner/metrics.jsonl), marked
+        `recovered` 1. Returns the steps written.
+        """
+        from sinkflex.reporting import read_metrics
+
+        run_dir = self.cfg.run.dir()
+        recovered = recovered_train_records(read_metrics(run_dir), read_metrics(run_dir / "learner"), self.v0, done_steps)
+        for s, record in recovered:
+            with self._metrics_lock:
+                self.metrics.write("train", s, record)
+        missing = [s for s, _ in recovered]
+        if not missing:
+            return []
+        log.info("train records of steps %s written from the learner's (the run stopped before the driver recorded them)",
+                 missing)
+        return missing
 
     def _train_loop(self, start: int, pool: list[str]) -> None:
         """RL steps `start`..run.steps-1 (0-based): a producer thread rolls out, this thread

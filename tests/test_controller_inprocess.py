@@ -358,3 +358,21 @@ def test_learner_clients_agree_in_process_and_over_grpc():
             assert sink.updates == [(1, "/r/policy/v1")]  # the push to the rollout client
     finally:
         server.stop()
+
+
+def test_train_records_the_driver_missed_are_recovered_from_the_learners():
+    """A run stopped after the learner published version v0 + s but before the driver recorded
+    step s (a dead vLLM engine: the version is never served) resumes past s: the driver writes
+    step s's record from the learner's own (its last one), marked recovered, so there is one
+    train record per policy version."""
+    from driver.controller import recovered_train_records
+
+    driver = [{"kind": "train", "step": 1, "loss": 0.1}, {"kind": "val", "step": 1}]
+    learner = [{"kind": "warm_start", "step": 1, "loss": 0.7},
+               {"kind": "train", "step": 1, "time": 1.0, "policy_version": 2.0, "loss": 0.1},
+               {"kind": "train", "step": 2, "time": 2.0, "policy_version": 3.0, "loss": 0.5},
+               {"kind": "train", "step": 2, "time": 3.0, "policy_version": 3.0, "loss": 0.2}]  # re-done after a crash
+    assert recovered_train_records(driver, learner, v0=1, done_steps=2) == [(2, {"policy_version": 3.0, "loss": 0.2,
+                                                                                 "recovered": 1})]
+    assert recovered_train_records(driver, learner, v0=1, done_steps=1) == []
+    assert recovered_train_records(driver, [], v0=0, done_steps=3) == [(2, {"recovered": 1}), (3, {"recovered": 1})]
