@@ -318,7 +318,7 @@ with backoff (not measured in this table).
     done = set(order)
     missing = [f"{a} {b}" for a, b in ALL_FAULTS if (a, b) not in done]
     if missing:
-        section += (f"\nNot in this table (the whole list takes ~9 min a fault on a 2-core machine; run "
+        section += (f"\nNot in this table (the whole list takes ~4 min a fault on a 2-core machine; run "
                     f"`benchmarks/faults.py` without `--faults`): {', '.join(missing)}.\n")
     old = md_path.read_text() if md_path.exists() else "# Reliability\n"
     marker = "\n## "
