@@ -1,1 +1,32 @@
 """Command groups of the `sinkflex-rl` CLI (one module each; imports stay light)."""
+
+
+def env_client(env: str, address: str | None, ready_timeout: float, user_model: str | None = None,
+               user_base_url: str | None = None, task_files: list[str] | None = None):
+    """The env client of a CLI command: gRPC to the server at `address` once it is SERVING, or the
+    env service in-process for domain `env` (with `task_files` and the user simulator's model).
+
+    Raises:
+        ValueError: nothing SERVING at `address` within `ready_timeout` seconds, or an unknown domain.
+    """
+    if address:
+        from env_service.client import GrpcEnvClient
+        from sinkflex.serving import wait_for_serving
+
+        client = GrpcEnvClient(address, timeout=120)
+        try:
+            wait_for_serving(client.channel, "", timeout=ready_timeout)
+        except TimeoutError:
+            raise ValueError(f"no env server SERVING at {address} within {ready_timeout:g} s") from None
+        return client
+    from env_service.client import LocalEnvClient
+    from env_service.config import EnvServiceConfig
+
+    kw: dict = {"domains": (env,)}
+    if task_files:
+        kw["task_files"] = {env: task_files}
+    if user_model:
+        kw["user_model"] = user_model
+    if user_base_url:
+        kw["user_base_url"] = user_base_url
+    return LocalEnvClient(EnvServiceConfig(**kw))

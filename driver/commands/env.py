@@ -81,30 +81,13 @@ def replay(
     from env_service.logs import quiet_tau2_logs
 
     quiet_tau2_logs()
+    from driver.commands import env_client
     from env_service.replay import replay_golden
 
     from sinkflex.errors import ServiceError
 
     try:
-        if address:
-            from env_service.client import GrpcEnvClient
-            from sinkflex.serving import wait_for_serving
-
-            client = GrpcEnvClient(address, timeout=120)
-            try:
-                wait_for_serving(client.channel, "", timeout=ready_timeout)
-            except TimeoutError:
-                raise ValueError(f"no env server SERVING at {address} within {ready_timeout:g} s") from None
-        else:
-            from env_service.client import LocalEnvClient
-            from env_service.config import EnvServiceConfig
-
-            kw = {"domains": (env,)}
-            if user_model:
-                kw["user_model"] = user_model
-            if user_base_url:
-                kw["user_base_url"] = user_base_url
-            client = LocalEnvClient(EnvServiceConfig(**kw))  # ValueError: unknown domain
+        client = env_client(env, address, ready_timeout, user_model, user_base_url)  # ValueError: unknown domain
         result = replay_golden(client, env, task, solo_mode=solo)
     except (ServiceError, KeyError, ValueError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else str(err)

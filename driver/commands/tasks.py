@@ -95,6 +95,7 @@ def check(
     from rich.progress import Progress
     from rich.table import Table
 
+    from driver.commands import env_client
     from env_service.logs import quiet_tau2_logs
     from env_service.replay import replay_golden
     from sinkflex.api.common.v1 import common_pb2
@@ -107,26 +108,7 @@ def check(
         task_set = load_task_dir(path)
         if not len(task_set):
             raise ValueError(f"{path} holds no tasks: nothing to check")
-        if address:
-            from env_service.client import GrpcEnvClient
-
-            from sinkflex.serving import wait_for_serving
-
-            client = GrpcEnvClient(address, timeout=120)
-            try:
-                wait_for_serving(client.channel, "", timeout=ready_timeout)
-            except TimeoutError:
-                raise ValueError(f"no env server SERVING at {address} within {ready_timeout:g} s") from None
-        else:
-            from env_service.client import LocalEnvClient
-            from env_service.config import EnvServiceConfig
-
-            kw: dict = {"domains": (env,), "task_files": {env: [str(path)]}}
-            if user_model:
-                kw["user_model"] = user_model
-            if user_base_url:
-                kw["user_base_url"] = user_base_url
-            client = LocalEnvClient(EnvServiceConfig(**kw))
+        client = env_client(env, address, ready_timeout, user_model, user_base_url, task_files=[str(path)])
         if solo is None:
             info = {e.name: e for e in client.list_environments()}
             if env not in info:
