@@ -88,7 +88,15 @@ class GRPOConfig(StrictModel):
     old_logprobs: Literal["engine", "recompute"] = "engine"
     """π_θold: the engine's sampled log-probs, or recomputed by the learner before the update."""
     filter_zero_variance: bool = False
-    """Drop groups whose advantages are all 0 (equal rewards, a single valid rollout); logged."""
+    """Drop groups whose advantages are all 0 (equal rewards, a single valid rollout); logged.
+    Changes the normaliser N (DAPO's dynamic sampling); `skip_zero_advantage` does not."""
+    skip_zero_advantage: bool = True
+    """Do not run rollouts whose advantage is exactly 0 through the training forward/backward
+    when beta = 0: their clipped term min(ρ·0, clip(ρ)·0) is 0 whatever ρ, so their loss and
+    gradient are exactly 0, and their tokens still count in the normaliser N = Σ_i T_i. Loss,
+    gradients, weights and the loss / clip-fraction metrics are those of the full step; ratio_mean,
+    entropy and the log-prob mismatch are then over the rollouts run (metrics skipped_rollouts,
+    skipped_tokens). Ignored when beta > 0 (the KL term has a gradient at every token)."""
     reward_shaping: RewardShapingConfig = RewardShapingConfig()
     """Partial credit added to the training reward (validation never sees it)."""
 

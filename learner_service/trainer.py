@@ -4,7 +4,10 @@ A step, top to bottom (every rank runs it on the same groups; rank r trains its 
 1. take the groups as `batch.Group`s (rollouts and advantages, eq. 3, computed once: by
    the loop where rank 0 read them, or here for protos passed in); drop groups already
    trained (by group id) and, if configured, zero-variance groups (logged);
-2. π_θold: the engine's log-probs, or recomputed with the current weights (no grad);
+2. leaves out of the training forward/backward the rollouts whose advantage is exactly 0
+   when β = 0 (`grpo.skip_zero_advantage`, default on: exact, their tokens stay in N — in
+   the demo 20–50 % of each step's groups have equal rewards);
+   π_θold: the engine's log-probs, or recomputed with the current weights (no grad);
    π_ref (when β > 0; no reference model otherwise): the frozen policy RL starts from,
    i.e. the warm start's weights after a warm start (`Learner.set_reference`), else the
    initial model;
@@ -98,6 +101,9 @@ class StepTotals:
     shared_prefix_rows: float = 0.0
     shared_prefix_fallback_groups: float = 0.0
     shared_prefix_positions: float = 0.0
+    skipped_rollouts: float = 0.0  # zero-advantage rollouts not run (grpo.skip_zero_advantage)
+    skipped_tokens: float = 0.0  # their optimised tokens: part of N, never run
+    skipped_positions: float = 0.0  # their positions (not in `positions`)
 
     def add_terms(self, terms: LossTerms, entropy: float, positions: float, positions_computed: float) -> None:
         """Adds one micro-batch's `grpo_loss` terms (detached sums) and its sizes."""
@@ -191,6 +197,8 @@ class Learner:
         if cfg.batch.pack_tokens is not None and cfg.model.attn_implementation != "sinkflex":
             raise ValueError("batch.pack_tokens needs model.attn_implementation 'sinkflex' (document mask)")
         self.shared_prefix = cfg.batch.shared_prefix and cfg.model.attn_implementation == "sinkflex"
+        #: zero-advantage rollouts are left out of the training forward/backward (exact only without KL)
+        self._skips_zero_advantage = cfg.grpo.skip_zero_advantage and cfg.grpo.beta == 0
         if cfg.batch.shared_prefix and not self.shared_prefix:
             log.warning("batch.shared_prefix needs model.attn_implementation 'sinkflex': training on unshared rows")
         self.model = shard_model(model)
@@ -474,17 +482,18 @@ class Learner:
         self.state.step += 1
 
         terms = sums.terms.item()
-        tok = max(terms["tokens"], 1.0)
+        tok = max(terms["tokens"], 1.0)  # optimised tokens run through the model
+        n_all = max(terms["tokens"] + sums.skipped_tokens, 1.0)  # N: run + skipped (Â = 0)
         rewards = torch.cat([i.rewards_G for i in infos])
         valid = rewards[~torch.isnan(rewards)]
         adv = torch.tensor([r.advantage for r in rollouts])
         stale = torch.tensor([float(version_at_training - r.policy_version) for r in rollouts])
         metrics = {
             **counts,
-            "loss": (terms["pg_sum"] + g.beta * terms["kl_sum"]) / tok,
-            "pg_loss": terms["pg_sum"] / tok,
-            "kl": terms["kl_sum"] / tok,
-            "clip_fraction": terms["clipped_tokens"] / tok,
+            "loss": (terms["pg_sum"] + g.beta * terms["kl_sum"]) / n_all,
+            "pg_loss": terms["pg_sum"] / n_all,
+            "kl": terms["kl_sum"] / n_all,
+            "clip_fraction": terms["clipped_tokens"] / n_all,
             "ratio_mean": terms["ratio_sum"] / tok,
             "entropy": sums.entropy / tok,
             "grad_norm": float(sum(grad_norms) / len(grad_norms)) if grad_norms else 0.0,
@@ -501,7 +510,10 @@ class Learner:
             "staleness_mean": float(stale.mean()),
             "staleness_max": float(stale.max()),
             "rollouts": float(n),
-            "optimised_tokens": terms["tokens"] / g.ppo_epochs,
+            "optimised_tokens": (terms["tokens"] + sums.skipped_tokens) / g.ppo_epochs,
+            "skipped_rollouts": sums.skipped_rollouts / g.ppo_epochs,
+            "skipped_tokens": sums.skipped_tokens / g.ppo_epochs,
+            "skipped_positions": sums.skipped_positions / g.ppo_epochs,
             "optimizer_steps": float(len(grad_norms)),
             "positions_trained": sums.positions,
             "positions_computed": sums.positions_computed,
@@ -547,6 +559,14 @@ class Learner:
         n_tokens = n_local.item()
         if n_tokens == 0:
             return None
+        if self._skips_zero_advantage:
+            # exact (β = 0): a rollout with Â = 0 adds exactly 0 to the loss and every gradient;
+            # its tokens are in N above. The filter is the same on every rank (same mb).
+            skipped = [i for i in mine if rollouts[i].advantage == 0.0]
+            sums.skipped_rollouts += len(skipped)
+            sums.skipped_tokens += float(sum(int(rollouts[i].mask_T.sum()) for i in skipped))
+            sums.skipped_positions += float(sum(rollouts[i].num_positions for i in skipped))
+            mb = [i for i in mb if rollouts[i].advantage != 0.0]
         units, stats = self._micro_batches(rollouts, mb)
         sums.add_layout(stats)
         for unit in units:

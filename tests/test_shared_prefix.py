@@ -1,7 +1,7 @@
 """Shared-prefix groups: the mask, the packing, and exactness against unshared rows (tiny models, CPU).
 
 Float64 exactness needs float64 throughout: transformers' RMSNorms compute in float32
-whatever the model dtype, so the `float64_norms` fixture lets them keep float64 inputs
+whatever the model dtype, so the `float64_norms` fixture (tests/fixtures/learner.py) lets them keep float64 inputs
 (the only change to the models), and gpt-oss's experts run eagerly (grouped_mm has no float64).
 """
 
@@ -21,22 +21,6 @@ from tests.fixtures.learner import TINY_GPT_OSS, TINY_LLAMA, learner_config, mak
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 GPT_OSS_F64 = dict(TINY_GPT_OSS, experts_implementation="eager")  # window 4 < the prefix below
-
-
-@pytest.fixture
-def float64_norms(monkeypatch):
-    from transformers.models.gpt_oss import modeling_gpt_oss as mg
-    from transformers.models.llama import modeling_llama as ml
-
-    for cls in (ml.LlamaRMSNorm, mg.GptOssRMSNorm):
-        orig = cls.forward
-
-        def forward(self, x, _orig=orig):
-            if x.dtype != torch.float64:
-                return _orig(self, x)
-            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-        monkeypatch.setattr(cls, "forward", forward)
 
 
 def _layout(P, lengths):
