@@ -148,8 +148,11 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     ]:
         if section not in paths:  # a running env server; no reward service needed
             continue
+        env = {**common_env, **placement.env(name)}
+        if name == "rollout" and not placement.on_gpus:
+            env.update(engine_cpu_env(cfg.local.engine_cpu_threads_bind, user_sim=cfg.launches_user_sim()))
         specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
-                                    health=HEALTH[name], address=addresses[name], env={**common_env, **placement.env(name)},
+                                    health=HEALTH[name], address=addresses[name], env=env,
                                     max_restarts=cfg.local.max_restarts if name in cfg.local.restart_services else 0,
                                     ready_timeout_s=cfg.local.ready_timeout_s))
     # env, reward and the engine load in parallel (the engine is the slow one)
@@ -163,6 +166,30 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
                                 stop_grace_s=cfg.local.learner_stop_grace_s))
     launcher.start_all([learner], ready_timeout=cfg.local.ready_timeout_s)
     return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner=addresses["learner"])
+
+
+def engine_cpu_env(bind: str, user_sim: bool = False, cores: list[int] | None = None) -> dict[str, str]:
+    """The CPU rollout engine's OpenMP binding (`local.engine_cpu_threads_bind`) as vLLM's
+    environment variables (vllm.utils.ompmultiprocessing reads them in the engine process).
+
+    Args:
+        bind: "all" (every core of `cores`, none reserved; without the last one when a local
+            user simulator runs, which is bound there), "auto" (vLLM's default: no variable
+            set), or a VLLM_CPU_OMP_THREADS_BIND value passed through.
+        user_sim: a local user-simulator server runs beside the engine.
+        cores: the CPU ids to use (default: this process's affinity, `os.sched_getaffinity`).
+
+    Returns:
+        {} for "auto"; else VLLM_CPU_OMP_THREADS_BIND (and VLLM_CPU_NUM_OF_RESERVED_CPU=0 for "all").
+    """
+    if bind == "auto":
+        return {}
+    if bind != "all":
+        return {"VLLM_CPU_OMP_THREADS_BIND": bind}
+    ids = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    if user_sim and len(ids) > 1:
+        ids = ids[:-1]
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(i) for i in ids), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
 
 def prepare_task_files(cfg: TrainConfig) -> list[str]:

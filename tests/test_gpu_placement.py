@@ -177,7 +177,10 @@ def test_launcher_refuses_before_starting_anything(monkeypatch, tmp_path):
 @pytest.mark.parametrize("config", ["demo.yaml", "retail.yaml"])
 def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     """No GPU visible (CUDA_VISIBLE_DEVICES unset, no nvidia-smi on PATH, as on this machine):
-    exactly the commands and environments the launcher built before placement existed."""
+    exactly the commands and environments the launcher built before placement existed (the
+    rollout engine's CPU core binding, `local.engine_cpu_threads_bind`, aside)."""
+    from driver.local import engine_cpu_env
+
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
                                                if not (Path(p) / "nvidia-smi").exists()))
@@ -189,7 +192,8 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
         port = specs[name].address.rsplit(":", 1)[1]
         assert specs[name].argv == [py, "-m", module, "--config", str(cfgs / f"{module}.yaml"), "--port", port,
                                     "--no-metrics"]
-        assert specs[name].env == redis
+        engine = engine_cpu_env("all", user_sim=config == "retail.yaml") if name == "rollout" else {}
+        assert specs[name].env == {**redis, **engine}
     port = specs["learner"].address.rsplit(":", 1)[1]
     assert specs["learner"].argv == [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                                      "-m", "learner_service", "--config", str(cfgs / "learner.yaml"), "--port", port,
@@ -269,3 +273,16 @@ def test_bootstrap_gpu_check_with_a_gpu_and_a_cpu_torch_venv(tmp_path):
     assert r.returncode == 1
     assert f"torch in {cpu_venv} does not see CUDA (torch.cuda.is_available() is False)" in r.stderr
     assert "installing" not in r.stderr
+
+
+def test_cpu_engine_threads_bind():
+    """local.engine_cpu_threads_bind → vLLM's OpenMP variables for the CPU rollout engine."""
+    from driver.local import engine_cpu_env
+
+    assert engine_cpu_env("all", cores=[0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    # a local user simulator is bound to the last core: the engine keeps the others
+    assert engine_cpu_env("all", user_sim=True, cores=[0, 1, 2])["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    assert engine_cpu_env("all", user_sim=True, cores=[3])["VLLM_CPU_OMP_THREADS_BIND"] == "3"
+    assert engine_cpu_env("auto") == {}
+    assert engine_cpu_env("nobind") == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert set(engine_cpu_env("all")["VLLM_CPU_OMP_THREADS_BIND"].split(",")) == {str(c) for c in os.sched_getaffinity(0)}
