@@ -72,3 +72,23 @@ def test_skipping_zero_advantage_rollouts_is_exact(tmp_path, float64_norms):
 def test_skip_is_off_with_a_kl_term(tmp_path, float64_norms):
     (m1, _), _ = _run(tmp_path, "kl", skip=True, beta=0.1)
     assert m1["skipped_rollouts"] == 0 and m1["kl"] > 0
+
+
+def test_benchmark_workload_is_demo_shaped():
+    """benchmarks/bench_learner_step.py's step: 10 groups × 8, a common 830-token prompt, 4 groups
+    at zero variance (32 rollouts with Â = 0), suffixes of 125–205 tokens (the timed runs: docs/)."""
+    import importlib.util
+    from pathlib import Path
+
+    from learner_service.batch import common_prefix_len, rollouts_from_group
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_learner_step.py"
+    spec = importlib.util.spec_from_file_location("bench_learner_step", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    groups = bench.demo_groups("t", 10)
+    rollouts = [r for g in groups for r in rollouts_from_group(g)[0]]
+    assert len(rollouts) == 80 and common_prefix_len(rollouts, list(range(80))) == 830
+    assert sum(r.advantage == 0.0 for r in rollouts) == 32
+    assert all(855 + 100 <= len(t.token_ids) < 855 + 180 for g in groups for t in g.trajectories)
+    assert bench.demo_groups("u", 10)[3].trajectories[2].token_ids == groups[3].trajectories[2].token_ids
