@@ -425,7 +425,9 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
     t = cfg.task
     files = list(cfg.task.task_files if task_files is None else task_files)
     env_defaults: dict[str, Any] = {"domains": [cfg.task.env]}
-    reward_defaults: dict[str, Any] = {}
+    if cfg.task.solo_mode and not user_base_url:  # no user simulator: no user endpoint in the env's config
+        env_defaults["user_base_url"] = None
+    reward_defaults: dict[str, Any] = {"preload_envs": [cfg.task.env]}  # the run's domain, loaded before SERVING
     if files:
         env_defaults["task_files"] = {cfg.task.env: files}
         reward_defaults["task_files"] = {cfg.task.env: files}

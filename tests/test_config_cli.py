@@ -130,6 +130,8 @@ def test_config_show_services_gives_each_launched_services_config():
     env, rollout, learner = shown["env_service"], shown["rollout_service"], shown["learner"]
     assert env["domains"] == ["mock"] and env["default_max_steps"] == 30 and env["reward_on_termination"] is False
     assert env["task_files"] == {"mock": ["runs/demo/tasks"]}  # the generated task set
+    assert env["user_base_url"] is None  # solo mode: no user simulator, no user endpoint
+    assert shown["reward_service"]["preload_envs"] == ["mock"]  # the run's domain, not retail
     assert rollout["agent"]["temperature"] == learner["grpo"]["temperature"] == 0.8
     assert rollout["agent"]["max_groups_in_flight"] == 32 and rollout["engine"]["max_model_len"] == 4096
     assert (learner["optim"]["total_steps"], learner["batch"]["groups_per_step"], learner["optim"]["lr"]) == (5, 10, 2.0e-5)

@@ -122,3 +122,13 @@ def test_replay_of_an_unreachable_server_or_an_unknown_domain_fails_in_one_line(
     result = CliRunner().invoke(app, ["env", "replay", "--env", "nosuch", "--task", "x", "--solo"])
     assert result.exit_code == 2 and "error: unknown tau2 domain 'nosuch'" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", "127.0.0.1:http", ":50051"])
+def test_a_bad_address_is_a_usage_error(address):
+    """`env check` / `env replay --address` / `tasks check --address` reject a malformed host:port at once (exit 2)."""
+    for argv in (["env", "check", address], ["env", "replay", "--env", "mock", "--task", "create_task_1", "--address", address],
+                 ["tasks", "check", "x", "--env", "mock", "--address", address]):
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2, (argv, result.output)
+        assert "is not host:port with a port in 1–65535" in result.output, result.output

@@ -144,3 +144,12 @@ def test_launch_names_the_models_field(tmp_path, hf_cache):
     assert cfg.models.hub is False
     with pytest.raises(ConfigError, match=r"^models.policy: model 'org/not-cached' is a Hugging Face hub id"):
         _model(cfg, "policy")
+
+
+def test_cli_names_a_missing_folder(tmp_path):
+    """A path-like name that does not exist is "no such model folder", not "unknown model"; a file is not a folder."""
+    result = CliRunner().invoke(app, ["models", "prepare", str(tmp_path / "missing")])
+    assert result.exit_code == 2 and f"no such model folder: {tmp_path / 'missing'}" in result.output
+    (tmp_path / "weights.bin").write_bytes(b"")
+    result = CliRunner().invoke(app, ["models", "prepare", str(tmp_path / "weights.bin")])
+    assert result.exit_code == 2 and "is not a folder" in result.output

@@ -1,6 +1,20 @@
 """Command groups of the `sinkflex-rl` CLI (one module each; imports stay light)."""
 
 
+def check_address(address: str | None) -> str | None:
+    """A typer callback for a server's "host:port" option or argument: None passes; a missing or
+    non-numeric port, or one outside 1–65535, is a usage error naming the value (exit 2).
+    IPv6 hosts are written in brackets ("[::1]:50051")."""
+    if address is None:
+        return None
+    import typer
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise typer.BadParameter(f"{address!r} is not host:port with a port in 1–65535")
+    return address
+
+
 def env_client(env: str, address: str | None, ready_timeout: float, user_model: str | None = None,
                user_base_url: str | None = None, task_files: list[str] | None = None):
     """The env client of a CLI command: gRPC to the server at `address` once it is SERVING, or the

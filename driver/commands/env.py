@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from driver.commands import check_address
 from sinkflex.service_cli import APP_SETTINGS
 
 app = typer.Typer(help="The env service: serve, check conformance, replay golden actions.",
@@ -35,7 +36,7 @@ def serve(
 
 @app.command()
 def check(
-    address: str = typer.Argument(..., help="host:port of any EnvService server"),
+    address: str = typer.Argument(..., help="host:port of any EnvService server", callback=check_address),
     env: Optional[str] = typer.Option(None, help="environment to run episodes on (default: the first listed)"),
     task: Optional[str] = typer.Option(None, help="task to run (default: the env's first task)"),
     solo: Optional[bool] = typer.Option(None, "--solo/--no-solo", help="solo mode (default: where the env supports it)"),
@@ -65,7 +66,7 @@ def check(
 def replay(
     env: str = typer.Option(..., "--env", help="tau2 domain"),
     task: str = typer.Option(..., "--task", help="task id"),
-    address: Optional[str] = typer.Option(None, help="env server host:port (default: in-process)"),
+    address: Optional[str] = typer.Option(None, help="env server host:port (default: in-process)", callback=check_address),
     solo: bool = typer.Option(False, "--solo", help="solo mode (mock, telecom)"),
     user_model: Optional[str] = typer.Option(None, help="user LLM (in-process only)"),
     user_base_url: Optional[str] = typer.Option(None, help="user LLM base URL (in-process only)"),

@@ -37,6 +37,9 @@ def prepare(
         elif Path(name).expanduser().is_dir():
             folder = check_model_folder(name)
         else:
+            if name.startswith((".", "~", "/")) or Path(name).expanduser().exists():
+                raise ValueError(f"no such model folder: {name}" if not Path(name).expanduser().exists()
+                                 else f"{name} is not a folder: give a model folder (with a config.json)")
             if not is_hub_id(name):
                 raise ValueError(f"unknown model {name!r}: give {', '.join(KNOWN_MODELS)}, a model folder or a Hugging Face hub id")
             folder = hub_model(name, hub=hub, revision=revision, out=out)

@@ -18,6 +18,7 @@ from typing import Optional
 
 import typer
 
+from driver.commands import check_address
 from sinkflex.service_cli import APP_SETTINGS
 
 #: Most tasks one `tasks generate` writes per split (the generator holds them all in memory).
@@ -81,7 +82,8 @@ def check(
     path: Path = typer.Argument(..., help="task dir (tasks.json + split_tasks.json) or a tasks JSON file"),
     env: str = typer.Option(..., "--env", help="tau2 domain the tasks belong to"),
     solo: Optional[bool] = typer.Option(None, "--solo/--no-solo", help="solo mode (default: where the domain supports it)"),
-    address: Optional[str] = typer.Option(None, help="env server host:port serving PATH (default: in-process)"),
+    address: Optional[str] = typer.Option(None, help="env server host:port serving PATH (default: in-process)",
+                                          callback=check_address),
     user_model: Optional[str] = typer.Option(None, help="user LLM for non-solo tasks (in-process only)"),
     user_base_url: Optional[str] = typer.Option(None, help="user LLM base URL (in-process only)"),
     ready_timeout: float = typer.Option(10.0, help="seconds to wait for the server at --address to be SERVING"),
