@@ -22,7 +22,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Literal, Optional, Union
 
-from pydantic import Field, PrivateAttr, ValidationError, field_serializer, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_serializer, field_validator, model_validator
 
 from env_service.config import EnvServiceConfig
 from learner_service.config import LearnerConfig
@@ -224,15 +224,22 @@ class LocalConfig(StrictModel):
     """vLLM's gpu_memory_utilization with `share_gpus` (its start-up check of free memory; the
     KV cache is sized by kv_cache_gib / user_sim_kv_cache_gib either way)."""
     user_sim_kv_cache_gib: float = Field(1.0, gt=0)
-    engine_cpu_threads_bind: str = Field("all", min_length=1)
-    """The CPU rollout engine's cores (vLLM's VLLM_CPU_OMP_THREADS_BIND; ignored on GPUs). "all":
-    every core of this process's affinity, none reserved for vLLM's scheduler (less the last
-    core when a local user simulator runs, which takes that one): in a synchronous run the
-    engine generates while the learner waits (80 rollouts of ~900 + 96 tokens: 84 s against
-    153 s with vLLM's default on 2 cores). "auto": vLLM's default (one core per NUMA node
-    reserved for its scheduler: 1 of 2 cores here). Anything else is passed as it is
-    ("nobind", "0-3", "0,2")."""
+    engine_cpu_threads_bind: Optional[str] = Field(None, min_length=1)
+    """The CPU rollout engine's cores (vLLM's VLLM_CPU_OMP_THREADS_BIND; ignored on GPUs). None
+    (the default): "all" in a synchronous run (rollout.max_staleness 0: the engine generates
+    while the learner waits), "auto" in an asynchronous one (both run at once). "all": every core
+    of this process's affinity, none reserved for vLLM's scheduler, less the last core when a
+    local user simulator runs (it is bound there): 80 rollouts of ~900 + 96 tokens took 84 s
+    against 153 s with vLLM's default on 2 cores. "auto": vLLM's default (one core per NUMA node
+    reserved for its scheduler: 1 of 2 cores here). Anything else is passed as it is ("nobind",
+    "0-3", "0,2")."""
     ready_timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("engine_cpu_threads_bind", mode="before")
+    @classmethod
+    def _core_id_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v  # YAML reads "0" as a number
+
     learner_stop_grace_s: float = Field(600.0, gt=0)
     """On stop the learner finishes its step and checkpoints; SIGKILL after this many seconds."""
     restart_services: list[Literal["env", "reward"]] = Field(default_factory=list)

@@ -150,7 +150,8 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
             continue
         env = {**common_env, **placement.env(name)}
         if name == "rollout" and not placement.on_gpus:
-            env.update(engine_cpu_env(cfg.local.engine_cpu_threads_bind, user_sim=cfg.launches_user_sim()))
+            bind = cfg.local.engine_cpu_threads_bind or ("all" if cfg.rollout.max_staleness == 0 else "auto")
+            env.update(engine_cpu_env(bind, user_sim=cfg.launches_user_sim()))
         specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
                                     health=HEALTH[name], address=addresses[name], env=env,
                                     max_restarts=cfg.local.max_restarts if name in cfg.local.restart_services else 0,

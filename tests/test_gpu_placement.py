@@ -286,3 +286,16 @@ def test_cpu_engine_threads_bind():
     assert engine_cpu_env("auto") == {}
     assert engine_cpu_env("nobind") == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     assert set(engine_cpu_env("all")["VLLM_CPU_OMP_THREADS_BIND"].split(",")) == {str(c) for c in os.sched_getaffinity(0)}
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ([], "all"),  # synchronous: the engine runs while the learner waits
+    (["rollout.max_staleness=1"], "auto"),  # asynchronous: both at once, vLLM's default
+    (["rollout.max_staleness=1", "local.engine_cpu_threads_bind=0"], "0"),
+])
+def test_cpu_engine_binding_follows_the_mode(monkeypatch, tmp_path, overrides, expected):
+    from driver.local import engine_cpu_env
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _, specs, _ = _launch(monkeypatch, tmp_path, "demo.yaml", overrides, visible=[])
+    assert specs["rollout"].env == {"REDIS_URL": "redis://127.0.0.1:1/0", **engine_cpu_env(expected)}
