@@ -229,7 +229,9 @@ class LocalConfig(StrictModel):
     (the default): "all" in a synchronous run (rollout.max_staleness 0: the engine generates
     while the learner waits), "auto" in an asynchronous one (both run at once). "all": every core
     of this process's affinity, none reserved for vLLM's scheduler, less the last core when a
-    local user simulator runs (it is bound there): 80 rollouts of ~900 + 96 tokens took 84 s
+    local user simulator runs (it is bound there), at niceness 10 (`driver.local.ENGINE_NICE`:
+    the warm start's learner, which trains while the base model is validated, keeps its share
+    of the cores): 80 rollouts of ~900 + 96 tokens took 84 s
     against 153 s with vLLM's default on 2 cores. "auto": vLLM's default (one core per NUMA node
     reserved for its scheduler: 1 of 2 cores here). Anything else is passed as it is ("nobind",
     "0-3", "0,2")."""

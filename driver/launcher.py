@@ -61,6 +61,8 @@ class ManagedProcess:
     restarts: int = 0
     ready_timeout_s: float = 300.0
     """How long a restart waits for it to be ready."""
+    nice: int = 0
+    """Added to the process's scheduling niceness at start (`os.nice`; 0: as the launcher's)."""
 
     def wait_ready(self, timeout: float) -> None:
         """Blocks until the process is ready.
@@ -222,7 +224,8 @@ class LocalLauncher:
         log.info("starting %s: %s", spec.name, " ".join(spec.argv))
         with open(spec.log_path, "ab") as out:
             spec.proc = subprocess.Popen(  # noqa: S603 - our own services
-                spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+                spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                preexec_fn=(lambda n=spec.nice: os.nice(n)) if spec.nice else None,  # noqa: PLW1509 - os.nice only
             )
         if register:
             self.processes.append(spec)

@@ -294,8 +294,12 @@ def test_cpu_engine_threads_bind():
     (["rollout.max_staleness=1", "local.engine_cpu_threads_bind=0"], "0"),
 ])
 def test_cpu_engine_binding_follows_the_mode(monkeypatch, tmp_path, overrides, expected):
+    import driver.local as local
     from driver.local import engine_cpu_env
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _, specs, _ = _launch(monkeypatch, tmp_path, "demo.yaml", overrides, visible=[])
     assert specs["rollout"].env == {"REDIS_URL": "redis://127.0.0.1:1/0", **engine_cpu_env(expected)}
+    # bound to every core, the engine runs at a lower priority; the others as the launcher
+    assert specs["rollout"].nice == (local.ENGINE_NICE if expected == "all" else 0)
+    assert all(s.nice == 0 for n, s in specs.items() if n != "rollout")

@@ -138,3 +138,23 @@ def test_restart_config_defaults_off():
     assert LocalConfig().restart_services == [] and LocalConfig(restart_services=["reward"]).max_restarts == 2
     with pytest.raises(Exception):
         LocalConfig(restart_services=["learner"])
+
+
+def test_a_process_starts_at_its_niceness(tmp_path):
+    """ManagedProcess.nice is added to the child's niceness (the CPU engine's `ENGINE_NICE`)."""
+    import os
+    import sys
+    import time
+
+    from driver.launcher import LocalLauncher, ManagedProcess
+
+    launcher = LocalLauncher(tmp_path)
+    spec = ManagedProcess("niced", [sys.executable, "-c", "import os, time; print(os.nice(0), flush=True); time.sleep(30)"], nice=7)
+    launcher.start_all([spec], ready_timeout=10)
+    try:
+        deadline = time.monotonic() + 10
+        while not spec.log_path.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert int(spec.log_path.read_text().split()[-1]) == os.nice(0) + 7
+    finally:
+        launcher.stop_all()
