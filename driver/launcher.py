@@ -33,6 +33,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def renice_self(n: int) -> None:
+    """Adds `n` to this process's niceness (`os.nice`) and sets its scheduling autogroup's to the
+    same value (`/proc/self/autogroup`, where the kernel has autogroups: a process started in a new
+    session gets a group of its own, and CFS shares the CPU between groups by the group's nice, so
+    `os.nice` alone would not lower its share against the other services). Runs in the child
+    between fork and exec (`subprocess.Popen(preexec_fn=...)`, after its setsid); a kernel without
+    autogroups, or one that refuses the write, keeps the process's own niceness only."""
+    os.nice(n)
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(max(-20, min(19, n))))
+    except OSError:
+        pass
+
+
 @dataclass
 class ManagedProcess:
     """One launched service.
@@ -62,7 +77,8 @@ class ManagedProcess:
     ready_timeout_s: float = 300.0
     """How long a restart waits for it to be ready."""
     nice: int = 0
-    """Added to the process's scheduling niceness at start (`os.nice`; 0: as the launcher's)."""
+    """Added to the process's scheduling niceness at start, its autogroup's set to it too
+    (`renice_self`; 0: as the launcher's)."""
 
     def wait_ready(self, timeout: float) -> None:
         """Blocks until the process is ready.
@@ -225,7 +241,7 @@ class LocalLauncher:
         with open(spec.log_path, "ab") as out:
             spec.proc = subprocess.Popen(  # noqa: S603 - our own services
                 spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                preexec_fn=(lambda n=spec.nice: os.nice(n)) if spec.nice else None,  # noqa: PLW1509 - os.nice only
+                preexec_fn=(lambda n=spec.nice: renice_self(n)) if spec.nice else None,  # noqa: PLW1509 - no locks taken
             )
         if register:
             self.processes.append(spec)

@@ -172,10 +172,11 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner=addresses["learner"])
 
 
-#: niceness of a CPU rollout engine bound to every core (`local.engine_cpu_threads_bind` "all"):
-#: in a synchronous run nothing else computes while it generates, except the warm start's
-#: learner during the base model's validation, which then keeps its cores (measured: one SFT
-#: step took 229 s beside an engine at equal priority on 2 cores)
+#: niceness of a CPU rollout engine bound to every core (`local.engine_cpu_threads_bind` "all"),
+#: its own and its session's autogroup's (`driver.launcher.renice_self`): in a synchronous run
+#: nothing else computes while it generates, except the warm start's learner during the base
+#: model's validation, which then keeps its cores (measured on 2 cores: at equal priority one SFT
+#: step took 229 s and the learner had 40 % of a core; with the engine's group at nice 10, 156 %)
 ENGINE_NICE = 10
 
 

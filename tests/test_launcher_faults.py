@@ -149,12 +149,16 @@ def test_a_process_starts_at_its_niceness(tmp_path):
     from driver.launcher import LocalLauncher, ManagedProcess
 
     launcher = LocalLauncher(tmp_path)
-    spec = ManagedProcess("niced", [sys.executable, "-c", "import os, time; print(os.nice(0), flush=True); time.sleep(30)"], nice=7)
+    code = ("import os, time; g = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') "
+            "else '7'; print(g, os.nice(0), flush=True); time.sleep(30)")
+    spec = ManagedProcess("niced", [sys.executable, "-c", code], nice=7)
     launcher.start_all([spec], ready_timeout=10)
     try:
         deadline = time.monotonic() + 10
         while not spec.log_path.read_text().strip() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert int(spec.log_path.read_text().split()[-1]) == min(os.nice(0) + 7, 19)  # 19: the ceiling
+        group, own = spec.log_path.read_text().split()[-2:]
+        assert int(own) == min(os.nice(0) + 7, 19)  # 19: the ceiling
+        assert group == "7"  # its session's autogroup: what CFS shares the cores by
     finally:
         launcher.stop_all()
