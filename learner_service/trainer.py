@@ -4,15 +4,14 @@ A step, top to bottom (every rank runs it on the same groups; rank r trains its 
 1. take the groups as `batch.Group`s (rollouts and advantages, eq. 3, computed once: by
    the loop where rank 0 read them, or here for protos passed in); drop groups already
    trained (by group id) and, if configured, zero-variance groups (logged);
-2. leaves out of the training forward/backward the rollouts whose advantage is exactly 0
-   when β = 0 (`grpo.skip_zero_advantage`, default on: exact, their tokens stay in N — in
-   the demo 20–50 % of each step's groups have equal rewards);
-   π_θold: the engine's log-probs, or recomputed with the current weights (no grad);
+2. π_θold: the engine's log-probs, or recomputed with the current weights (no grad);
    π_ref (when β > 0; no reference model otherwise): the frozen policy RL starts from,
    i.e. the warm start's weights after a warm start (`Learner.set_reference`), else the
    initial model;
 3. for each PPO epoch, shuffle and split into mini-batches; for each mini-batch, the
-   global token count N is all-reduced, each rank runs its micro-batches (loss sum / N,
+   global token count N is all-reduced; with β = 0 the rollouts whose advantage is exactly
+   0 are left out of the forward/backward (`grpo.skip_zero_advantage`, default on: exact,
+   their tokens stay in N; in the demo 10–40 % of each step's rollouts); each rank runs its micro-batches (loss sum / N,
    gradients accumulate, FSDP sums them over ranks), clips the global gradient norm and
    takes one AdamW step and one scheduler step;
 4. policy_version += 1, the groups' ids are recorded as trained, metrics are written.
