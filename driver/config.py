@@ -237,11 +237,6 @@ class LocalConfig(StrictModel):
     "0-3", "0,2")."""
     ready_timeout_s: float = Field(600.0, gt=0)
 
-    @field_validator("engine_cpu_threads_bind", mode="before")
-    @classmethod
-    def _core_id_as_text(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v  # YAML reads "0" as a number
-
     learner_stop_grace_s: float = Field(600.0, gt=0)
     """On stop the learner finishes its step and checkpoints; SIGKILL after this many seconds."""
     restart_services: list[Literal["env", "reward"]] = Field(default_factory=list)
@@ -251,6 +246,11 @@ class LocalConfig(StrictModel):
     the run with one line naming it (re-run to resume)."""
     max_restarts: int = Field(2, ge=0)
     """Restarts per service in restart_services, per run."""
+
+    @field_validator("engine_cpu_threads_bind", mode="before")
+    @classmethod
+    def _core_id_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v  # YAML reads "0" as a number
 
 
 TaskConfig.model_rebuild()
