@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from learner_service.config import ModelConfig
-from sinkflex.hardware import cpu_has_fast_bf16  # noqa: F401 - re-exported
+from sinkflex.hardware import bf16_verdict, cpu_has_fast_bf16  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Precision:
 
 
 def resolve_precision(cfg: ModelConfig, device: torch.device) -> Precision:
-    """dtype auto → CUDA: bf16 weights; CPU with fast bf16: fp32 weights + bf16 autocast; else fp32.
+    """dtype auto → CUDA: bf16 weights; CPU with fast bf16 (`sinkflex.hardware.bf16_verdict`, measured): fp32 weights + bf16 autocast; else fp32.
 
     Autocast (not bf16 weights) on CPU: AdamW keeps updating the fp32 weights (no separate
     master copy to manage), checkpoints and published policies stay fp32, and the bare-loop
@@ -50,9 +50,10 @@ def resolve_precision(cfg: ModelConfig, device: torch.device) -> Precision:
         return Precision(getattr(torch, cfg.dtype), None, f"model.dtype {cfg.dtype}")
     if device.type == "cuda":
         return Precision(torch.bfloat16, None, "auto on CUDA")
-    if cpu_has_fast_bf16():
-        return Precision(torch.float32, torch.bfloat16, "auto: this CPU has AMX/avx512_bf16")
-    return Precision(torch.float32, None, "auto: no fast bfloat16 on this CPU")
+    fast, why = bf16_verdict()
+    if fast:
+        return Precision(torch.float32, torch.bfloat16, f"auto: fast bf16 on this CPU: {why}")
+    return Precision(torch.float32, None, f"auto: no fast bf16 on this CPU: {why}")
 
 
 def resolve_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:

@@ -4,7 +4,14 @@ rollout engine's `dtype: auto` follow the same rule)."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import time
+
+log = logging.getLogger(__name__)
+
+#: bfloat16 counts as fast when a bf16 matmul is at least this many times as fast as fp32.
+FAST_BF16_MIN_SPEEDUP = 1.3
 
 
 @functools.lru_cache(maxsize=None)
@@ -16,22 +23,63 @@ def _cpu_flags() -> frozenset[str]:
         return frozenset()
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True when this CPU computes bfloat16 matmuls natively (AMX-BF16 or AVX512-BF16).
+@functools.lru_cache(maxsize=None)
+def bf16_matmul_speedup(m: int = 256, k: int = 576, n: int = 1536, rounds: int = 5) -> float:
+    """Measured bfloat16 / float32 matmul throughput ratio on this CPU (>1: bf16 is faster).
 
-    Read from the /proc/cpuinfo flags (``amx_bf16``, ``avx512_bf16``), falling back to
-    ``torch.backends.cpu.get_cpu_capability()`` where torch is importable;
-    ``SINKFLEX_CPU_BF16=0/1`` overrides (tests, benchmarks).
+    Times an (m × k) @ (k × n) matmul (default: a 256-token slice of SmolLM2's MLP, 0.45 GFLOP)
+    in both dtypes with ``torch.matmul`` on the threads torch is set to use, interleaved for
+    `rounds` rounds after one warm-up each, and compares the best time of each (so a busy
+    machine slows both alike). About 50 ms where bf16 has hardware support. Cached per process.
+
+    Why measured and not read from the flags: ``avx512_bf16`` alone does not make bf16 fast.
+    Measured with this function's shapes on 2-core machines: AMX ~10× fp32, AMD EPYC with
+    avx512_bf16 ~2.5×, an Intel Xeon with avx512_bf16 whose AMX the hypervisor hides 0.5×
+    (fp32 170 GFLOP/s a thread, bf16 90), AVX2 only ~0.005× (docs/architecture.md).
+
+    Raises:
+        ImportError: torch is not installed.
+    """
+    import torch
+
+    times: dict[torch.dtype, float] = {}
+    with torch.no_grad():
+        pairs = {dt: (torch.randn(m, k, dtype=dt), torch.randn(k, n, dtype=dt)) for dt in (torch.float32, torch.bfloat16)}
+        for a, b in pairs.values():
+            torch.matmul(a, b)  # warm-up: oneDNN primitive creation, page faults
+        for _ in range(rounds):
+            for dt, (a, b) in pairs.items():
+                t0 = time.perf_counter()
+                torch.matmul(a, b)
+                times[dt] = min(times.get(dt, float("inf")), time.perf_counter() - t0)
+    return times[torch.float32] / max(times[torch.bfloat16], 1e-9)
+
+
+def bf16_verdict() -> tuple[bool, str]:
+    """Whether bfloat16 is fast on this CPU, and why (for the logs and `Precision.reason`).
+
+    ``SINKFLEX_CPU_BF16=0/1`` decides when set (tests, benchmarks). Otherwise a CPU without
+    ``amx_bf16`` / ``avx512_bf16`` in /proc/cpuinfo is not fast (nothing measured: bf16 is
+    emulated there, hundreds of times slower); with one of them, `bf16_matmul_speedup` must be
+    at least `FAST_BF16_MIN_SPEEDUP`.
     """
     forced = os.environ.get("SINKFLEX_CPU_BF16")
     if forced in ("0", "1"):
-        return forced == "1"
+        return forced == "1", f"SINKFLEX_CPU_BF16={forced}"
     flags = _cpu_flags()
-    if "amx_bf16" in flags or "avx512_bf16" in flags:
-        return True
+    has = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    if not has:
+        return False, "no amx_bf16/avx512_bf16 on this CPU"
     try:
-        import torch
+        speedup = bf16_matmul_speedup()
+    except ImportError:
+        return False, "torch not installed"
+    fast = speedup >= FAST_BF16_MIN_SPEEDUP
+    return fast, f"{'/'.join(has)}, bf16 matmul measured {speedup:.2f}× fp32"
 
-        return torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX_BF16")
-    except Exception:  # noqa: BLE001 - no torch, or an older one
-        return False
+
+def cpu_has_fast_bf16() -> bool:
+    """True when bfloat16 matmuls are clearly faster than float32 on this CPU (`bf16_verdict`)."""
+    fast, why = bf16_verdict()
+    log.debug("fast bf16: %s (%s)", fast, why)
+    return fast

@@ -55,3 +55,29 @@ def test_bf16_autocast_step_keeps_fp32_logprobs_and_reports_mismatch(monkeypatch
     m16 = auto.train_step(groups)
     assert 0 < m16["logprob_mismatch_mean"] <= m16["logprob_mismatch_max"] < 0.5
     assert m16["shared_prefix_rows"] == 1 and all(torch.isfinite(p).all() for p in auto.model.parameters())
+
+
+def test_fast_bf16_is_measured_not_read_from_the_flags(monkeypatch):
+    """avx512_bf16 alone is not enough: an Intel Xeon whose AMX is hidden runs bf16 at 0.5× fp32."""
+    from sinkflex import hardware
+
+    monkeypatch.delenv("SINKFLEX_CPU_BF16", raising=False)
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert hardware.bf16_verdict() == (False, "no amx_bf16/avx512_bf16 on this CPU")
+    monkeypatch.setattr(hardware, "_cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    for speedup, fast in [(0.5, False), (1.29, False), (2.5, True)]:
+        monkeypatch.setattr(hardware, "bf16_matmul_speedup", lambda s=speedup: s)
+        verdict, why = hardware.bf16_verdict()
+        assert verdict is fast and why == f"avx512_bf16, bf16 matmul measured {speedup:.2f}× fp32"
+        assert resolve_engine_dtype("auto") == ("bfloat16" if fast else "float32") or torch.cuda.is_available()
+        p = resolve_precision(ModelConfig(arch=TINY_LLAMA), torch.device("cpu"))
+        assert p.autocast == (torch.bfloat16 if fast else None) and why in p.reason
+    monkeypatch.setenv("SINKFLEX_CPU_BF16", "1")
+    assert hardware.bf16_verdict() == (True, "SINKFLEX_CPU_BF16=1")
+
+
+def test_bf16_matmul_speedup_measures_this_cpu():
+    from sinkflex.hardware import bf16_matmul_speedup
+
+    ratio = bf16_matmul_speedup(16, 32, 32, rounds=2)
+    assert 0 < ratio < 1e4 and ratio == ratio
