@@ -11,8 +11,11 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+import types
+import typing
+
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -21,10 +24,28 @@ class ConfigError(ValueError):
     """A config file is missing, is not YAML, or has a bad or unknown field."""
 
 
+def _numeric(annotation: Any) -> bool:
+    """True for int, float and unions of them with other types (Optional[int], int | str), not bool."""
+    if annotation in (int, float):
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_numeric(a) for a in typing.get_args(annotation)) and bool not in typing.get_args(annotation)
+    return False
+
+
 class StrictModel(BaseModel):
-    """Base of every config section: unknown fields are errors, instances are frozen."""
+    """Base of every config section: unknown fields are errors, instances are frozen, and a
+    boolean is not a number (pydantic's lax mode would read YAML's ``true`` as 1 for an int field)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _numeric(field.annotation):
+            raise ValueError(f"expected a number, got the boolean {str(value).lower()} (YAML reads true/false/yes/no/on/off as booleans)")
+        return value
 
 
 def merge_dicts(base: dict, patch: dict) -> dict:

@@ -75,12 +75,22 @@ def test_overrides_are_applied_in_order_and_reach_the_derived_service_configs():
     ("learner.grpo.temperature=0.5", "learner.grpo.temperature (0.5) must equal rollout.temperature (1.0)"),
     ("learner.optim.lr=-1", "optim.lr: Input should be greater than 0"),  # a service section, checked at load
     ("env_service.bogus=1", "bogus: Extra inputs are not permitted"),
+    # YAML reads yes/on/true as booleans; pydantic's lax mode would take them as 1 for a number
+    ("rollout.group_size=true", "rollout.group_size: Value error, expected a number, got the boolean true"),
+    ("learner.optim.lr=yes", "learner.optim.lr: Value error, expected a number, got the boolean true"),
+    ("rollout_service.engine.kv_cache_gib=off", "rollout_service.engine.kv_cache_gib: Value error, expected a number, got the boolean false"),
 ])
 def test_a_bad_override_names_its_dotted_field_and_the_override(assignment, message):
     with pytest.raises(ConfigError) as err:
         load_train_config(DEMO, ["run.name=ok", assignment])
     assert message in str(err.value)
     assert f"{DEMO} --set run.name=ok --set {assignment}" in str(err.value)
+
+
+def test_booleans_still_set_boolean_fields():
+    cfg = load_train_config(DEMO, ["env_service.reward_on_termination=true", "learner.model.gradient_checkpointing=off"])
+    assert cfg.section("env_service")["reward_on_termination"] is True
+    assert cfg.section("learner")["model"]["gradient_checkpointing"] is False
 
 
 def test_an_override_fails_exactly_like_the_same_field_in_the_file(tmp_path):
