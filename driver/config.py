@@ -206,9 +206,10 @@ class ServicesConfig(StrictModel):
 class LocalConfig(StrictModel):
     """The embedded default's local processes."""
 
-    learner_procs: int = Field(1, ge=1)
-    """torchrun --nproc_per_node of the learner (FSDP2 over gloo on CPU). On GPUs it is the
-    learner's GPU count (`driver.placement`): leave it out, or set it to that count."""
+    learner_procs: Optional[int] = Field(None, ge=1)
+    """torchrun --nproc_per_node of the learner (FSDP2 over gloo on CPU). None (the default): 1
+    on CPU; on GPUs the learner's GPU count (`driver.placement`): leave it out, or set it to that
+    count."""
     gpus: Optional[list[Union[int, str]]] = None
     """CUDA device ids the run may use (None: all visible, CUDA_VISIBLE_DEVICES or nvidia-smi;
     []: none, GPUs hidden from every process). No GPU visible and None: the CPU run."""

@@ -96,8 +96,7 @@ def place(local, visible: list[str], user_sim: bool = False) -> Placement:
 
     Args:
         local: the `local` section (gpus, engine_gpus, user_sim_gpus, share_gpus,
-            shared_gpu_memory_utilization, learner_procs; `model_fields_set` tells whether
-            learner_procs was set).
+            shared_gpu_memory_utilization, learner_procs; None: not set, derived here).
         visible: the device ids the machine shows (`visible_gpus`).
         user_sim: a user-simulator model server is launched locally.
 
@@ -120,8 +119,8 @@ def place(local, visible: list[str], user_sim: bool = False) -> Placement:
         where = f"local.gpus {pool}"
     if not pool:
         if local.gpus is None:  # CPU: the embedded default, nothing changes
-            return Placement(learner_nproc=local.learner_procs)
-        return Placement(cuda_visible_devices={p: "" for p in PROCESSES}, learner_nproc=local.learner_procs)
+            return Placement(learner_nproc=local.learner_procs or 1)
+        return Placement(cuda_visible_devices={p: "" for p in PROCESSES}, learner_nproc=local.learner_procs or 1)
 
     n, e = len(pool), local.engine_gpus
     u = local.user_sim_gpus if user_sim else 0
@@ -139,7 +138,7 @@ def place(local, visible: list[str], user_sim: bool = False) -> Placement:
             raise ConfigError(f"the learner would get 0 GPUs: {where}, all taken by {asked}; lower local.engine_gpus"
                               + (" / local.user_sim_gpus" if user_sim else "")
                               + ", or let them share with local.share_gpus: true")
-    if "learner_procs" in local.model_fields_set and local.learner_procs != len(learner):
+    if local.learner_procs is not None and local.learner_procs != len(learner):
         split = (f"{n} GPU(s) shared by all" if local.share_gpus
                  else f"{n} GPU(s) - {asked} = {len(learner)}")
         raise ConfigError(f"local.learner_procs ({local.learner_procs}) disagrees with the GPU split: {split} learner "

@@ -122,7 +122,7 @@ def test_config_show_prints_the_resolved_experiment_which_reloads_to_the_same_co
     shown = yaml.safe_load(result.stdout)
     assert result.stdout.startswith(f"# {DEMO} --set rollout.group_size=4 --set validation.trials=3, resolved")
     assert shown["rollout"]["group_size"] == 4 and shown["validation"]["trials"] == 3
-    assert shown["run"]["step_timeout_s"] == 3600.0 and shown["local"]["learner_procs"] == 1  # defaults filled in
+    assert shown["run"]["step_timeout_s"] == 3600.0 and shown["local"]["max_restarts"] == 2  # defaults filled in
     assert shown["task"]["generate"] == {"domain": "mock", "train": 256, "test": 64, "seed": 0}
     assert shown["learner"] == {"optim": {"lr": 2.0e-5, "eps": 1.0e-5, "scheduler": "linear", "warmup_steps": 0},
                                 "batch": {"micro_batch_size": 80, "shared_prefix_across_groups": True},
@@ -130,6 +130,17 @@ def test_config_show_prints_the_resolved_experiment_which_reloads_to_the_same_co
     again = tmp_path / "shown.yaml"
     again.write_text(result.stdout)
     assert load_train_config(again) == load_train_config(DEMO, ["rollout.group_size=4", "validation.trials=3"])
+
+
+def test_config_show_with_local_gpus_reloads(tmp_path):
+    """learner_procs left out stays unset in the shown file: the GPU split decides it again on load."""
+    sets = ["local.gpus=[0,1,2]", "local.engine_gpus=1"]
+    result = _cli("config", "show", "-c", str(DEMO), *[a for s in sets for a in ("--set", s)])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.stdout)["local"]["learner_procs"] is None
+    again = tmp_path / "shown.yaml"
+    again.write_text(result.stdout)
+    assert load_train_config(again) == load_train_config(DEMO, sets)
 
 
 def test_config_show_services_gives_each_launched_services_config():
