@@ -4,10 +4,13 @@ For each (process, action) this runs a tiny train on the embedded default (mock 
 mode, SmolLM2, `tiny_config`) in its own run folder, waits for the first training step
 (the run's metrics.jsonl), injects the fault into the process named in the run's pids.json
 (written by the launcher: env, reward, rollout, its vLLM engine process, learner = torchrun,
-learner_rank, redis = the embedded Redis; user_sim only when a user simulator is launched),
+learner_rank, redis = the embedded Redis; user_sim = the user simulator's vLLM server, for which
+the tiny train runs in dual-control mode with the policy model as the user simulator),
 then:
 
-- SIGKILL: waits for the run to end; SIGSTOP: freezes the process past the launcher's
+- SIGKILL, SIGTERM (a graceful stop: the rollout service ends its in-flight episodes at their
+  next turn boundary and returns them as failed, with the reason): waits for the run to end;
+  SIGSTOP: freezes the process past the launcher's
   freeze timeout (30 s, the controller's poll deadline) or until the run ends, then SIGCONT;
 - a run that ended with an error must have printed one line naming the process and its pid
   (exit code 3); it is then re-run with the same command, which must resume and finish;
@@ -44,19 +47,23 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-#: every fault, in order (user_sim: skipped when no user simulator is launched, e.g. solo mode)
+#: every fault, in order (user_sim: the tiny train in dual-control mode, the policy model as its user simulator)
 ALL_FAULTS = [("env", "SIGKILL"), ("reward", "SIGKILL"), ("rollout", "SIGKILL"), ("engine", "SIGKILL"),
               ("learner_rank", "SIGKILL"), ("learner", "SIGKILL"), ("user_sim", "SIGKILL"), ("redis", "SIGKILL"),
-              ("env", "SIGSTOP")]
+              ("env", "SIGSTOP"), ("rollout", "SIGTERM")]
 #: what the one-line message calls each process (driver.launcher.LABELS)
 LABEL_WORDS = {"env": "env service", "reward": "reward service", "rollout": "rollout service",
                "engine": "vLLM engine", "learner": "learner", "learner_rank": "learner", "redis": "Redis",
                "user_sim": "user simulator"}
 
 
-def tiny_config(run_dir: Path, policy: str, steps: int = 3) -> dict:
-    """The smallest train that exercises every service (tests/test_train_e2e.py's settings, no validation)."""
-    return {
+def tiny_config(run_dir: Path, policy: str, steps: int = 3, user_sim: bool = False) -> dict:
+    """The smallest train that exercises every service (tests/test_train_e2e.py's settings, no validation).
+
+    user_sim: τ²-Bench's dual-control mode with the policy model as the user simulator (its own
+    local vLLM server, `user_sim` in pids.json) instead of solo mode.
+    """
+    cfg = {
         "run": {"name": "faults", "output_dir": str(run_dir), "steps": steps, "seed": 0, "step_timeout_s": 600},
         "task": {"env": "mock", "train_split": "base", "eval_split": "base", "tasks_per_step": 1,
                  "task_ids": ["create_task_1", "update_task_1"], "solo_mode": True},
@@ -68,6 +75,11 @@ def tiny_config(run_dir: Path, policy: str, steps: int = 3) -> dict:
         "rollout_service": {"engine": {"kv_cache_gib": 0.5, "max_model_len": 4096}},
         "learner": {"optim": {"lr": 1.0e-4}, "batch": {"micro_batch_size": 1}, "model": {"gradient_checkpointing": False}},
     }
+    if user_sim:
+        cfg["task"]["solo_mode"] = False
+        cfg["models"]["user_simulator"] = policy
+        cfg["local"]["user_sim_kv_cache_gib"] = 0.5
+    return cfg
 
 
 def _records(path: Path, kind: str) -> list[dict]:
@@ -175,7 +187,7 @@ def run_fault(process: str, action: str, root: Path, policy: str, steps: int = 3
     run_dir = root / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    cfg = tiny_config(run_dir, policy, steps)
+    cfg = tiny_config(run_dir, policy, steps, user_sim=process == "user_sim")
     config = root / f"{name}.yaml"
     config.write_text(yaml.safe_dump(cfg))
     log_path = root / f"{name}.log"
@@ -202,8 +214,8 @@ def run_fault(process: str, action: str, root: Path, policy: str, steps: int = 3
             return {**row, "outcome": f"skipped: no {process} process in this run (pids.json: {sorted(seen)})",
                     "groups_lost": None, "groups_trained_twice": None}
         progress(f"[{name}] step 1 done after {time.monotonic() - t0:.0f}s: {action} {process} (pid {pid})")
-        if action == "SIGKILL":
-            os.kill(pid, signal.SIGKILL)
+        if action in ("SIGKILL", "SIGTERM"):
+            os.kill(pid, getattr(signal, action))
             rc = _wait(proc, run_timeout)
         elif action == "SIGSTOP":
             os.kill(pid, signal.SIGSTOP)
@@ -294,7 +306,8 @@ Each row is measured by [`benchmarks/faults.py`](../benchmarks/faults.py) (the c
 are in its last column; commits and the load average in reliability.json); the same rows are in
 [reliability.json](reliability.json) under `faults`, with the buffer's and the learner's figures
 under `faults_detail`). Each row is its own tiny `sinkflex-rl train` (mock domain, solo mode,
-SmolLM2, 3 steps, `tiny_config`); the fault is injected after step 1 into the process named in
+SmolLM2, 3 steps, `tiny_config`; for the user simulator's row dual-control mode, SmolLM2 as the
+user simulator on its own vLLM server); the fault is injected after step 1 into the process named in
 the run's `pids.json`; a run that stopped is re-run with the same command. **Lost**: published
 but neither trained nor counted as dropped at the end; **twice**: trained in two learner steps.
 A short version (one fault) runs in the suite: `tests/test_faults.py`.
@@ -313,7 +326,10 @@ trained, or dropped as stale and counted), not after `buffer.claim_idle_ms`. A d
 turns the rollout service NOT_SERVING (health, Status, Rollout: UNAVAILABLE). Nothing is
 restarted by default; `local.restart_services: [reward]` (or env) restarts a dead stateless
 service up to `local.max_restarts` times while the rollout service retries its ScoreBatch
-with backoff (not measured in this table).
+with backoff (not measured in this table). SIGTERM is a graceful stop: the rollout service
+refuses new requests and ends each in-flight episode at its next turn boundary, returned as
+failed with the reason (`the rollout service is stopping (SIGTERM)`); the run then stops as
+for a dead service and the re-run resumes.
 """
     done = set(order)
     missing = [f"{a} {b}" for a, b in ALL_FAULTS if (a, b) not in done]
@@ -330,7 +346,7 @@ with backoff (not measured in this table).
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--faults", default=",".join(f"{a}:{b}" for a, b in ALL_FAULTS),
-                   help="process:ACTION,... (ACTION SIGKILL or SIGSTOP)")
+                   help="process:ACTION,... (ACTION SIGKILL, SIGTERM or SIGSTOP)")
     p.add_argument("--root", type=Path, default=Path("/tmp/faults-runs"))
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--policy", default="smollm2", help="models.policy (prepared with sinkflex.models)")
@@ -346,10 +362,6 @@ def main() -> None:
     faults = [tuple(f.split(":")) for f in a.faults.split(",") if f]
     rows = []
     for process, action in faults:
-        if process == "user_sim":  # solo mode: no user simulator is launched
-            rows.append({"process": process, "action": action, "groups_lost": None, "groups_trained_twice": None,
-                         "outcome": "skipped: not launched in solo mode (the tiny train has no user simulator)"})
-            continue
         rows.append(run_fault(process, action, a.root, policy, steps=a.steps, keep=a.keep,
                               progress=lambda s: print(s, flush=True)))
     command = ".venv/bin/python benchmarks/faults.py" + ("" if a.faults == p.get_default("faults") else f" --faults {a.faults}")

@@ -248,6 +248,14 @@ class LocalConfig(StrictModel):
     max_restarts: int = Field(2, ge=0)
     """Restarts per service in restart_services, per run."""
 
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpu_ids(cls, v: Any) -> Any:
+        for g in v if isinstance(v, list) else []:
+            if isinstance(g, bool) or (isinstance(g, int) and g < 0):
+                raise ValueError(f"a GPU id is a CUDA device index (0, 1, ...) or a UUID string, not {g!r}")
+        return v
+
     @field_validator("engine_cpu_threads_bind", mode="before")
     @classmethod
     def _core_id_as_text(cls, v: Any) -> Any:

@@ -153,6 +153,10 @@ class LocalLauncher:
             ...
     """
 
+    #: a watched child found dead while its launched parent runs: how long to wait for the parent to
+    #: exit too (then the parent, the process that stopped, is named), in seconds
+    CHILD_EXIT_SETTLE_S = 15.0
+
     def __init__(self, run_dir: str | Path, grace_seconds: float = 20.0, freeze_timeout_s: float = 30.0):
         self.run_dir = Path(run_dir)
         self.log_dir = self.run_dir / "logs"
@@ -305,6 +309,9 @@ class LocalLauncher:
             except psutil.Error:
                 continue
             if status == psutil.STATUS_ZOMBIE:
+                parent = self._exiting_parent(pid, label)
+                if parent is not None:  # the service is stopping (e.g. SIGTERM) and took its child with it
+                    return parent
                 return f"{label} (pid {pid}) died (zombie); {RESUME_HINT}"
         now = time.monotonic()
         for name, pid in self.pids().items():
@@ -323,6 +330,28 @@ class LocalLauncher:
                 return (f"{label} (pid {pid}) is frozen (stopped, e.g. SIGSTOP) for over {self.freeze_timeout_s:.0f}s; "
                         f"{RESUME_HINT}")
         return None
+
+    def _exiting_parent(self, pid: int, label: str) -> str | None:
+        """When watched process `pid` died as part of its launched parent's own exit (a service
+        that stops, e.g. on SIGTERM, stops its engine first): the line naming the parent, once it
+        has exited within `CHILD_EXIT_SETTLE_S`; None when its parent goes on running (the child
+        alone died)."""
+        import psutil
+
+        try:
+            ppid = psutil.Process(pid).ppid()
+        except psutil.Error:
+            return None
+        parent = next((p for p in self.processes if p.proc is not None and p.proc.pid == ppid), None)
+        if parent is None:
+            return None
+        try:
+            parent.proc.wait(timeout=self.CHILD_EXIT_SETTLE_S)
+        except subprocess.TimeoutExpired:
+            return None
+        where = f" (log: {parent.log_path})" if parent.log_path else ""
+        return (f"{LABELS.get(parent.name, parent.name)} (pid {ppid}) exited ({exit_description(parent.proc.returncode)}) "
+                f"and its child, the {label} (pid {pid}), with it{where}; {RESUME_HINT}")
 
     def _rank_note(self, p: ManagedProcess) -> str:
         if p.name != "learner":

@@ -34,10 +34,11 @@ def _numeric(annotation: Any) -> bool:
 
 
 class StrictModel(BaseModel):
-    """Base of every config section: unknown fields are errors, instances are frozen, and a
-    boolean is not a number (pydantic's lax mode would read YAML's ``true`` as 1 for an int field)."""
+    """Base of every config section: unknown fields are errors, instances are frozen, a float
+    is finite (YAML's ``.inf`` / ``.nan`` are refused), and a boolean is not a number (pydantic's
+    lax mode would read YAML's ``true`` as 1 for an int field)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -66,6 +67,8 @@ def validate_config(data: Any, model: type[T], source: str = "<config>") -> T:
         return model.model_validate(data)
     except ValidationError as err:
         raise ConfigError(f"invalid config {source}:\n" + describe_errors(err)) from None
+    except RecursionError:
+        raise ConfigError(f"invalid config {source}: nested too deeply") from None
 
 
 def describe_errors(err: ValidationError) -> str:
@@ -121,10 +124,14 @@ def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config {path} is a directory, not a YAML file")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}")
+    if not path.is_file():
+        raise ConfigError(f"config {path} is not a regular file")
     try:
         data = load_yaml(path.read_text(encoding="utf-8")) or {}
+    except RecursionError:
+        raise ConfigError(f"config {path} is nested too deeply to be a config") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"config {path} is not UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
@@ -152,6 +159,8 @@ def set_dotted(data: dict, assignment: str) -> dict:
         raise ConfigError(f"--set {assignment!r}: expected dotted.field=value, e.g. rollout.group_size=8")
     try:
         value = yaml.safe_load(text) if text.strip() else None
+    except RecursionError:
+        raise ConfigError(f"--set {assignment[:80]!r}: the value is nested too deeply") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {assignment!r}: the value is not valid YAML: {err}") from None
     out = dict(data)

@@ -104,7 +104,8 @@ def prepare_model(name: str = "smollm2", out: str | Path | None = None, force: b
     Takes about a minute on 2 CPU cores; the folder holds ~540 MB of float32 safetensors.
 
     Raises:
-        ValueError: unknown model name.
+        ValueError: unknown model name; `out` is a file, or a folder holding something else than
+            a model this function prepared (it is never deleted: choose a new or empty folder).
         FileNotFoundError: the source GGUF is not installed.
     """
     if name not in KNOWN_MODELS:
@@ -112,6 +113,12 @@ def prepare_model(name: str = "smollm2", out: str | Path | None = None, force: b
     out = Path(out).expanduser().resolve() if out is not None else default_model_dir(name)
     if is_prepared(out) and not force:
         return out
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file, not a folder to prepare the model into")
+    if (out != default_model_dir(name) and out.is_dir() and any(out.iterdir())
+            and not (out / PREPARED_MARKER).is_file()):  # the default cache folder is ours to replace
+        raise ValueError(f"{out} already holds files that are not a model prepared here; it is left as it is: "
+                         "choose a new or empty folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     lock_path = out.parent / f".{out.name}.lock"
     with open(lock_path, "w") as lock:
@@ -149,6 +156,11 @@ def check_model_folder(folder: str | Path) -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"model folder {str(path)!r} has no config.json (a transformers model folder is needed: "
                          f"save_pretrained's output, a hub snapshot, or `sinkflex-rl models prepare`)")
+    try:
+        if not isinstance(json.loads((path / "config.json").read_text(encoding="utf-8")), dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"model folder {str(path)!r}: config.json is not a JSON object ({str(err)[:120]})") from None
     return path
 
 
@@ -206,12 +218,14 @@ def resolve_model(name_or_path: str, allow_hub_id: bool = False, hub: bool = Fal
     resolve themselves (the images).
 
     Raises:
-        ValueError: not a folder, known name nor hub id; a hub id
-            not in the cache with downloads off; a failed download.
+        ValueError: empty; a folder without a config.json (`check_model_folder`); not a folder,
+            known name nor hub id; a hub id not in the cache with downloads off; a failed download.
     """
+    if not name_or_path.strip():
+        raise ValueError("no model named (an empty string)")
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        return str(path.resolve())
+        return str(check_model_folder(path))
     if name_or_path in KNOWN_MODELS:
         return str(prepare_model(name_or_path))
     if not is_hub_id(name_or_path):

@@ -79,12 +79,35 @@ def test_overrides_are_applied_in_order_and_reach_the_derived_service_configs():
     ("rollout.group_size=true", "rollout.group_size: Value error, expected a number, got the boolean true"),
     ("learner.optim.lr=yes", "learner.optim.lr: Value error, expected a number, got the boolean true"),
     ("rollout_service.engine.kv_cache_gib=off", "rollout_service.engine.kv_cache_gib: Value error, expected a number, got the boolean false"),
+    # infinity would pass gt=0 and dump as null (config show's output would not load back)
+    ("learner.optim.lr=.inf", "learner.optim.lr: Input should be a finite number"),
+    ("rollout.temperature=.nan", "rollout.temperature: Input should be a finite number"),
+    ("local.gpus=[true,false]", "local.gpus: Value error, a GPU id is a CUDA device index (0, 1, ...) or a UUID string, not True"),
+    ("local.gpus=[-1]", "local.gpus: Value error, a GPU id is a CUDA device index (0, 1, ...) or a UUID string, not -1"),
 ])
 def test_a_bad_override_names_its_dotted_field_and_the_override(assignment, message):
     with pytest.raises(ConfigError) as err:
         load_train_config(DEMO, ["run.name=ok", assignment])
     assert message in str(err.value)
     assert f"{DEMO} --set run.name=ok --set {assignment}" in str(err.value)
+
+
+def test_files_that_are_not_configs_are_named(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 1000 + "]" * 1000)
+    with pytest.raises(ConfigError, match="is nested too deeply to be a config"):
+        load_train_config(deep)
+    with pytest.raises(ConfigError, match="the value is nested too deeply"):
+        load_train_config(DEMO, ["run.name=" + "[" * 1000 + "]" * 1000])
+    with pytest.raises(ConfigError, match="config /dev/null is not a regular file"):
+        load_train_config("/dev/null")
+
+
+def test_train_prints_errors_as_written_on_stderr(tmp_path):
+    """No rich markup in what the user wrote ([bold] stays), one unwrapped line per error."""
+    result = _cli("train", "-c", str(DEMO), "--set", 'run.name="[bold]x"', "--set", "rollout.group_size=0",
+                  "--output-dir", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "--set run.name=\"[bold]x\"" in result.stderr and result.stdout == ""
 
 
 def test_booleans_still_set_boolean_fields():

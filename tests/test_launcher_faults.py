@@ -61,6 +61,41 @@ def test_watched_and_frozen_processes_are_named(tmp_path):
     assert env.proc.poll() is not None  # stop_all stopped it
 
 
+#: a service with a child it does not reap (the vLLM engine of the rollout service): on SIGTERM it
+#: kills the child, which stays a zombie, and exits 0 a moment later (a graceful stop)
+PARENT = [sys.executable, "-c", """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(sys.argv[1], "w").write(str(child.pid))
+def stop(*_):
+    os.kill(child.pid, signal.SIGKILL)
+    time.sleep(1.0)
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(120)
+"""]
+
+
+def test_a_service_that_stops_is_named_not_the_child_it_took_with_it(tmp_path):
+    """SIGTERM to the rollout service: its engine dies first; the line names the service and its exit."""
+    with LocalLauncher(tmp_path) as launcher:
+        launcher.CHILD_EXIT_SETTLE_S = 10.0
+        pid_file = tmp_path / "child.pid"
+        (rollout,) = launcher.start_all([ManagedProcess("rollout", PARENT + [str(pid_file)])])
+        deadline = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        launcher.watch("engine", child)
+        assert launcher.diagnose() is None
+        os.kill(rollout.proc.pid, signal.SIGTERM)
+        time.sleep(0.3)  # the child is a zombie now, its parent still running
+        message = launcher.diagnose(settle_s=5.0)
+        assert message == (f"rollout service (pid {rollout.proc.pid}) exited (exit 0) and its child, the vLLM engine of "
+                           f"the rollout service (pid {child}), with it (log: {tmp_path / 'logs' / 'rollout.log'}); "
+                           "re-run the same command to resume")
+
+
 def test_restarted_consumer_takes_back_its_pending_groups():
     from sinkflex.api.common.v1 import common_pb2
     from sinkflex.buffer import TrajectoryBuffer, embedded_redis_url

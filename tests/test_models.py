@@ -88,9 +88,29 @@ def hf_cache(tmp_path, monkeypatch):
 def test_folder_is_taken_as_is_and_prepare_checks_its_config_json(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
-    assert resolve_model(str(folder)) == str(folder.resolve())
+    with pytest.raises(ValueError, match="has no config.json"):  # caught when the config is resolved, before launch
+        resolve_model(str(folder))
     result = CliRunner().invoke(app, ["models", "prepare", str(folder)])
     assert result.exit_code == 2 and f"model folder '{folder.resolve()}' has no config.json" in result.output
+    (folder / "config.json").write_text("{not json")
+    result = CliRunner().invoke(app, ["models", "prepare", str(folder)])
+    assert result.exit_code == 2 and "config.json is not a JSON object" in result.output
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    assert resolve_model(str(folder)) == str(folder.resolve())
+    with pytest.raises(ValueError, match="no model named"):
+        resolve_model("")
+
+
+def test_prepare_never_deletes_a_folder_it_did_not_write(tmp_path):
+    out = tmp_path / "mine"
+    (out / "sub").mkdir(parents=True)
+    (out / "keep.txt").write_text("x")
+    result = CliRunner().invoke(app, ["models", "prepare", "smollm2", "--out", str(out)])
+    assert result.exit_code == 2 and "already holds files that are not a model prepared here" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "sub"]
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(app, ["models", "prepare", "smollm2", "--out", str(tmp_path / "file")])
+    assert result.exit_code == 2 and "is a file, not a folder" in result.output
 
 
 def test_hub_id_offline_by_default_is_a_clear_error(hf_cache):

@@ -53,6 +53,10 @@ def train(
     from driver.local import external_addresses, launch_local
 
     console = Console()
+    errors = Console(stderr=True)
+
+    def fail(text: str, style: str = "red") -> None:  # as written: no rich markup, no wrapping
+        errors.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
     try:
         sets = list(overrides or [])
         if steps is not None:
@@ -61,7 +65,7 @@ def train(
             sets.append("run.output_dir=" + json.dumps(output_dir))
         cfg = load_train_config(config, sets)
     except ConfigError as err:
-        console.print(f"[red]{err}[/red]")
+        fail(str(err))
         raise typer.Exit(2) from None
     run_dir = cfg.run.dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -76,7 +80,7 @@ def train(
     try:  # W&B / MLflow (logging.report_to) start before any service: a wrong key fails now
         trackers = open_trackers(run_dir, cfg.logging, cfg.run.name, cfg.model_dump(mode="json"))
     except Exception as err:
-        console.print(f"[red]logging.report_to: could not start {type(err).__name__}: {err}[/red]")
+        fail(f"logging.report_to: could not start {type(err).__name__}: {err}")
         raise typer.Exit(1) from None
     with LocalLauncher(run_dir) as launcher:
         try:
@@ -85,11 +89,11 @@ def train(
             for tracker in trackers:
                 tracker.close()
             if isinstance(err, ConfigError):
-                console.print(f"[red]{err}[/red]")
+                fail(str(err))
                 raise typer.Exit(2) from None
             message = launcher.diagnose() if isinstance(err, Exception) else None
             if message is not None:  # a service died while the others were starting
-                console.print(f"[red]{message}[/red]", soft_wrap=True)
+                fail(message)
                 raise typer.Exit(3) from None
             raise
         # task.reward_address: the reward service that scores task.env, not the experiment's
@@ -101,11 +105,11 @@ def train(
             log.info("done: policy version %d", version)
         except ConfigError as err:  # e.g. the reward service does not know task.env (checked before any rollout)
             controller.close()
-            console.print(f"[red]{err}[/red]")
+            fail(str(err))
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             interrupted = True
-            console.print("[yellow]interrupted: stopping services (the learner checkpoints); re-run to resume[/yellow]")
+            fail("interrupted: stopping services (the learner checkpoints); re-run to resume", style="yellow")
         except Exception as err:  # noqa: BLE001 - a dead or frozen process is named, not a traceback
             died = err if isinstance(err, ServiceDied) else None
             message = str(err) if died else launcher.diagnose(settle_s=3.0)
@@ -116,7 +120,7 @@ def train(
                 raise
             controller.close()
             log.debug("stopped by %s: %s", type(err).__name__, err, exc_info=True)
-            console.print(f"[red]{message}[/red]", soft_wrap=True)
+            fail(message)
             (run_dir / "stopped.json").write_text(json.dumps({"message": message, "error": f"{type(err).__name__}: "
                                                               f"{str(err)[:2000]}", "time": time.time()}, indent=1))
             stopped = message
