@@ -79,6 +79,7 @@ def tiny_config(run_dir: Path, policy: str, steps: int = 3, user_sim: bool = Fal
         cfg["task"]["solo_mode"] = False
         cfg["models"]["user_simulator"] = policy
         cfg["local"]["user_sim_kv_cache_gib"] = 0.5
+        cfg["env_service"]["user_max_tokens"] = 32  # unbounded, SmolLM2 at temperature 0 can talk for minutes
     return cfg
 
 

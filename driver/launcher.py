@@ -166,6 +166,8 @@ class LocalLauncher:
         #: processes that are not launched here but watched like them: name -> pid (the embedded
         #: Redis, the rollout service's vLLM engine process, the learner's ranks)
         self.watched: dict[str, int] = {}
+        #: watched child pid -> the pid of the launched process it is a child of
+        self.watched_parent: dict[int, int] = {}
         #: a process stopped (SIGSTOP, state T) for longer than this is reported as frozen
         self.freeze_timeout_s = freeze_timeout_s
         self._stopped_since: dict[int, float] = {}
@@ -216,10 +218,12 @@ class LocalLauncher:
                 kids = [k for k in kids if "resource_tracker" not in " ".join(_cmdline(k))]
                 for i, k in enumerate(kids):
                     self.watched["engine" if i == 0 else f"engine_{i}"] = k.pid
+                    self.watched_parent[k.pid] = p.proc.pid
             else:  # the ranks only: torchrun also runs short-lived helpers whose zombies are not a dead rank
                 kids = [k for k in kids if "learner_service" in " ".join(_cmdline(k))]
                 for i, k in enumerate(kids):
                     self.watched["learner_rank" if i == 0 else f"learner_rank_{i}"] = k.pid
+                    self.watched_parent[k.pid] = p.proc.pid
 
     def pids(self) -> dict[str, int]:
         """name -> pid of every launched and watched process, and this (the driver) process."""
@@ -305,7 +309,7 @@ class LocalLauncher:
             try:
                 status = psutil.Process(pid).status()
             except psutil.NoSuchProcess:
-                return f"{label} (pid {pid}) died; {RESUME_HINT}"
+                return self._exiting_parent(pid, label) or f"{label} (pid {pid}) died; {RESUME_HINT}"
             except psutil.Error:
                 continue
             if status == psutil.STATUS_ZOMBIE:
@@ -332,22 +336,24 @@ class LocalLauncher:
         return None
 
     def _exiting_parent(self, pid: int, label: str) -> str | None:
-        """When watched process `pid` died as part of its launched parent's own exit (a service
-        that stops, e.g. on SIGTERM, stops its engine first): the line naming the parent, once it
-        has exited within `CHILD_EXIT_SETTLE_S`; None when its parent goes on running (the child
-        alone died)."""
+        """When watched process `pid` died as part of its launched parent's own stop (a service
+        that stops on SIGTERM stops its engine first): the line naming the parent, once it has
+        exited within `CHILD_EXIT_SETTLE_S` with status 0 or SIGTERM; None when the parent goes on
+        running or fails (then the child's death is what to report)."""
         import psutil
 
         try:
             ppid = psutil.Process(pid).ppid()
-        except psutil.Error:
-            return None
+        except psutil.Error:  # reaped already
+            ppid = self.watched_parent.get(pid)
         parent = next((p for p in self.processes if p.proc is not None and p.proc.pid == ppid), None)
         if parent is None:
             return None
         try:
-            parent.proc.wait(timeout=self.CHILD_EXIT_SETTLE_S)
+            code = parent.proc.wait(timeout=self.CHILD_EXIT_SETTLE_S)
         except subprocess.TimeoutExpired:
+            return None
+        if code not in (0, -signal.SIGTERM):  # the parent failed: the child's death is the news
             return None
         where = f" (log: {parent.log_path})" if parent.log_path else ""
         return (f"{LABELS.get(parent.name, parent.name)} (pid {ppid}) exited ({exit_description(parent.proc.returncode)}) "

@@ -94,6 +94,11 @@ def test_a_service_that_stops_is_named_not_the_child_it_took_with_it(tmp_path):
         assert message == (f"rollout service (pid {rollout.proc.pid}) exited (exit 0) and its child, the vLLM engine of "
                            f"the rollout service (pid {child}), with it (log: {tmp_path / 'logs' / 'rollout.log'}); "
                            "re-run the same command to resume")
+        # reaped already (the service waited for its engine): the launcher's record of whose child it was
+        launcher.watched_parent[child] = rollout.proc.pid
+        assert launcher._exiting_parent(child + 10**6, "x") is None  # unknown pid: no parent to name
+        launcher.watched_parent[child + 10**6] = rollout.proc.pid
+        assert launcher._exiting_parent(child + 10**6, "x").startswith(f"rollout service (pid {rollout.proc.pid}) exited")
 
 
 def test_restarted_consumer_takes_back_its_pending_groups():
