@@ -442,10 +442,12 @@ def generate_cases(seed: int = 15, n: int = 240) -> list[Case]:
              build=lambda c: env_pb2.StepRequest(session_id=c.sid, action=_action(_call("get_users", "{}"))),
              expect=OK, special="concurrent"),
         Case("cancellation", ENV_S + "Step", "a Step cancelled by the client", target="fresh",
-             build=lambda c: env_pb2.StepRequest(session_id=c.sid, action=_action(_call("create_task", GOLDEN_ARGS))),
+             build=lambda c: env_pb2.StepRequest(session_id=c.sid, action=_action(_call("create_task", GOLDEN_ARGS)),
+                                                 request_id="1"),
              expect=ANY, special="cancel"),
         Case("cancellation", ENV_S + "Step", "a Step whose deadline passes (1 ms)", target="fresh",
-             build=lambda c: env_pb2.StepRequest(session_id=c.sid, action=_action(_call("create_task", GOLDEN_ARGS))),
+             build=lambda c: env_pb2.StepRequest(session_id=c.sid, action=_action(_call("create_task", GOLDEN_ARGS)),
+                                                 request_id="1"),
              expect=ANY, special="deadline"),
         Case("cancellation", ENV_S + "Step", f"cancelled {SLOW_CANCEL_S} s into a {USER_DELAY_S} s user turn", target="user",
              build=lambda c: env_pb2.StepRequest(session_id=c.sid, action=_action(content="Hello! How can I help you today?")),
@@ -1058,15 +1060,17 @@ Decision: **the result is retrievable** (`env_service/core.py`, `EnvCore.step`).
 - The campaign checks it with a scripted user that takes 1 s to answer: cancelled after
   0.3 s, a 0.3 s deadline, and a different Step after the lost one (FAILED_PRECONDITION,
   then the resend still gets the kept answer and the episode goes on).
-- Limit: the server notices that the answer was lost from gRPC's own view of the call
+- The server notices that the answer was lost from gRPC's own view of the call
   (`context.is_active()` and, when the call ends, grpc-python's internal "cancelled" state,
   `env_service/server.py`). A client that cancels a millisecond Step at the very instant
   its answer is already on the wire can see CANCELLED while the server counts the answer
-  as delivered; its resend is then applied a second time. The campaign's "a Step cancelled
-  by the client" case (cancel right after sending a 1 ms Step) hit that race in about 6 of
-  15 repeated tries (it passed in the run above); `tests/test_reliability_inputs.py` leaves
-  it out for that reason. Closing it needs a client-chosen request id on `StepRequest`
-  (a contract change, not made).
+  as delivered (the campaign's "a Step cancelled by the client" hit that race in about 6 of
+  15 tries). So `StepRequest.request_id` (optional, chosen by the client, unique within the
+  session) makes a resend safe whatever the server believes: a Step with the request_id of
+  the session's last applied Step is answered with that Step's kept response (info
+  `replayed`), never applied again; the same id with a different request is
+  INVALID_ARGUMENT. The rollout service sends the turn number as request_id; the campaign's
+  two client-side cases carry one, and `tests/test_reliability_inputs.py` runs them all.
 """
     md = md.replace("{BEFORE}", BEFORE)
     old = md_path.read_text() if md_path.exists() else ""

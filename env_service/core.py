@@ -17,7 +17,10 @@ is not applied (CANCELLED / DEADLINE_EXCEEDED); one that was being applied compl
 its response is kept on the session. Resending the same StepRequest then returns that
 response (info `replayed: "true"`) without applying it again; any other Step on the session
 is FAILED_PRECONDITION until then (the client's trajectory would silently diverge from the
-session's), and Close works as always. See docs/reliability.md.
+session's), and Close works as always. A client that sets `StepRequest.request_id` may resend
+its last Step whatever the server believes was delivered (a cancel that races the answer on
+the wire): the same request_id is answered with the kept response, never applied twice.
+See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ from sinkflex.errors import ServiceError, clip, failed_precondition, invalid_arg
 log = logging.getLogger(__name__)
 
 _GONE_MEMORY = 100_000  # how many closed/expired ids are remembered for clearer NOT_FOUND messages
+
+
+def _replayed(response: env_pb2.StepResponse) -> env_pb2.StepResponse:
+    """A copy of a kept Step response, marked info["replayed"] = "true"."""
+    out = env_pb2.StepResponse()
+    out.CopyFrom(response)
+    out.info["replayed"] = "true"
+    return out
 
 
 class EnvCore:
@@ -172,6 +183,13 @@ class EnvCore:
                 raise ServiceError(gone, f"session {session.session_id}: the client went away ({gone.name}) "
                                          "before the Step started; it was not applied")
             data = request.SerializeToString(deterministic=True)
+            if request.request_id and session.last_step is not None and session.last_step[0] == request.request_id:
+                _, kept, response = session.last_step
+                if data != kept:
+                    raise invalid_argument(f"session {session.session_id}: request_id {clip(request.request_id)} was already "
+                                           "applied with a different StepRequest; a resend must be identical")
+                session.undelivered = None
+                return _replayed(response)
             if session.undelivered is not None:
                 kept, response = session.undelivered
                 if data != kept:
@@ -180,11 +198,10 @@ class EnvCore:
                         "(cancelled or past its deadline) and its answer was never delivered; resend that same "
                         "StepRequest to get its result, or Close the session")
                 session.undelivered = None
-                replayed = env_pb2.StepResponse()
-                replayed.CopyFrom(response)
-                replayed.info["replayed"] = "true"
-                return replayed
+                return _replayed(response)
             response = self._apply(session, request)
+            if request.request_id:
+                session.last_step = (request.request_id, data, response)
             gone = client_gone() if client_gone is not None else None
             if gone is not None:
                 session.undelivered = (data, response)

@@ -166,6 +166,8 @@ class Tau2Session:
         #: (request bytes, response) of a Step applied after its client had gone (cancelled,
         #: deadline passed): kept for the client's resend (`core.EnvCore.step`).
         self.undelivered: Optional[tuple[bytes, common_pb2.StepResponse]] = None
+        #: (request_id, request bytes, response) of the last applied Step that had a request_id
+        self.last_step: Optional[tuple[str, bytes, common_pb2.StepResponse]] = None
 
     # -- prompts --------------------------------------------------------------------------
     @property

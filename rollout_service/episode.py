@@ -387,7 +387,9 @@ async def run_episode(generator: Generator, env, formatter: Formatter, spec: Epi
             # the env has no user to reply to (text_ends_episode)
             stop = not action.tool_calls and (STOP_TOKEN in (action.content or "")
                                               or (spec.text_ends_episode and not turns[-1].parse_error))
-            step = await _env_call(clock, env.step, env_pb2.StepRequest(session_id=session_id, action=action, stop=stop))
+            # request_id: a resend of this Step (whatever the server believes was delivered) is never applied twice
+            request = env_pb2.StepRequest(session_id=session_id, action=action, stop=stop, request_id=str(turn))
+            step = await _env_call(clock, env.step, request)
             messages.extend(step.observation)
             env_return += step.reward
             if step.terminated or step.truncated:

@@ -198,3 +198,25 @@ def test_health_not_serving_until_loaded(env_core, env_config):
         channel.close()
     finally:
         server.stop()
+
+
+def test_a_step_resent_with_its_request_id_is_never_applied_twice(client):
+    """StepRequest.request_id: the resend of a Step whose answer the client lost (however the
+    server saw the delivery) gets the kept response, marked replayed; the same id with another
+    action is INVALID_ARGUMENT; the session is as after one application."""
+    r = _mock(client)
+    create = env_pb2.StepRequest(session_id=r.session_id, request_id="0",
+                                 action=_call("create_task", json.dumps({"user_id": "user_1", "title": "Once"})))
+    first = client.step(create)
+    again = client.step(create)
+    assert again.info["replayed"] == "true" and "replayed" not in first.info
+    assert [m.content for m in again.observation] == [m.content for m in first.observation]
+    other = env_pb2.StepRequest(session_id=r.session_id, request_id="0",
+                                action=_call("create_task", json.dumps({"user_id": "user_1", "title": "Twice"})))
+    _code(lambda: client.step(other), IA, "request_id '0' was already applied with a different StepRequest")
+    users = client.step(env_pb2.StepRequest(session_id=r.session_id, request_id="1",
+                                            action=_call("get_users", "{}", call_id="c2")))
+    assert "replayed" not in users.info and json.loads(users.observation[0].content)[0]["tasks"] == ["task_1", "task_2"]  # applied once
+    plain = env_pb2.StepRequest(session_id=r.session_id, action=_call("get_users", "{}", call_id="c3"))
+    assert "replayed" not in client.step(plain).info and "replayed" not in client.step(plain).info  # no id: no deduplication
+    client.close(r.session_id)

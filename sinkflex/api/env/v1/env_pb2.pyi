@@ -95,14 +95,16 @@ class ResetResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., observation: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ..., system_prompt: _Optional[str] = ..., policy: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("session_id", "action", "stop")
+    __slots__ = ("session_id", "action", "stop", "request_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     action: _common_pb2.Message
     stop: bool
-    def __init__(self, session_id: _Optional[str] = ..., action: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., stop: _Optional[bool] = ...) -> None: ...
+    request_id: str
+    def __init__(self, session_id: _Optional[str] = ..., action: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., stop: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("observation", "reward", "terminated", "truncated", "termination_reason", "info")

@@ -94,6 +94,13 @@ export interface StepRequest {
     | undefined;
   /** The agent ends the episode (agent stop); `action` may then be empty. */
   stop: boolean;
+  /**
+   * Optional, chosen by the client, unique within the session (e.g. "<turn>"): makes a
+   * resend safe. A Step whose request_id equals that of the session's last applied Step is
+   * not applied again: the server returns that Step's response (info "replayed" = "true"),
+   * or INVALID_ARGUMENT when the rest of the request differs. Empty: no deduplication.
+   */
+  requestId: string;
 }
 
 export interface StepResponse {
@@ -1083,7 +1090,7 @@ export const ResetResponse_InfoEntry: MessageFns<ResetResponse_InfoEntry> = {
 };
 
 function createBaseStepRequest(): StepRequest {
-  return { sessionId: "", action: undefined, stop: false };
+  return { sessionId: "", action: undefined, stop: false, requestId: "" };
 }
 
 export const StepRequest: MessageFns<StepRequest> = {
@@ -1096,6 +1103,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     }
     if (message.stop !== false) {
       writer.uint32(24).bool(message.stop);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(34).string(message.requestId);
     }
     return writer;
   },
@@ -1137,6 +1147,14 @@ export const StepRequest: MessageFns<StepRequest> = {
             message.stop = reader.bool();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1158,6 +1176,11 @@ export const StepRequest: MessageFns<StepRequest> = {
         : "",
       action: isSet(object.action) ? Message.fromJSON(object.action) : undefined,
       stop: isSet(object.stop) ? globalThis.Boolean(object.stop) : false,
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
     };
   },
 
@@ -1172,6 +1195,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     if (message.stop !== false) {
       obj.stop = message.stop;
     }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
     return obj;
   },
 
@@ -1185,6 +1211,7 @@ export const StepRequest: MessageFns<StepRequest> = {
       ? Message.fromPartial(object.action)
       : undefined;
     message.stop = object.stop ?? false;
+    message.requestId = object.requestId ?? "";
     return message;
   },
 };
