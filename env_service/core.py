@@ -189,6 +189,7 @@ class EnvCore:
                     raise invalid_argument(f"session {session.session_id}: request_id {clip(request.request_id)} was already "
                                            "applied with a different StepRequest; a resend must be identical")
                 session.undelivered = None
+                session.last_step_replayed = True  # a late keep_undelivered of its first answer must not block
                 return _replayed(response)
             if session.undelivered is not None:
                 kept, response = session.undelivered
@@ -200,8 +201,9 @@ class EnvCore:
                 session.undelivered = None
                 return _replayed(response)
             response = self._apply(session, request)
-            if request.request_id:
-                session.last_step = (request.request_id, data, response)
+            # the last applied Step, if it had an id (one without clears it: ids compare with the last Step only)
+            session.last_step = (request.request_id, data, response) if request.request_id else None
+            session.last_step_replayed = False
             gone = client_gone() if client_gone is not None else None
             if gone is not None:
                 session.undelivered = (data, response)
@@ -215,6 +217,8 @@ class EnvCore:
         """Keeps a Step's response for its resend: the transport learnt after the Step that its
         client had gone. A no-op when the session has stepped since (or was closed)."""
         with session.lock:
+            if session.last_step_replayed and session.last_step is not None and session.last_step[1] == data:
+                return  # its client resent it by request_id and got the answer already (a late cancel callback)
             if session.num_actions == num_actions and session.undelivered is None and not self._is_gone(session):
                 session.undelivered = (data, response)
                 log.info("session %s: the answer of Step %d was not delivered (client gone); kept for its resend",

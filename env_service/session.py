@@ -166,8 +166,10 @@ class Tau2Session:
         #: (request bytes, response) of a Step applied after its client had gone (cancelled,
         #: deadline passed): kept for the client's resend (`core.EnvCore.step`).
         self.undelivered: Optional[tuple[bytes, common_pb2.StepResponse]] = None
-        #: (request_id, request bytes, response) of the last applied Step that had a request_id
+        #: (request_id, request bytes, response) of the last applied Step when it had a request_id
         self.last_step: Optional[tuple[str, bytes, common_pb2.StepResponse]] = None
+        #: `last_step` was already answered again to a resend
+        self.last_step_replayed = False
 
     # -- prompts --------------------------------------------------------------------------
     @property

@@ -220,3 +220,27 @@ def test_a_step_resent_with_its_request_id_is_never_applied_twice(client):
     plain = env_pb2.StepRequest(session_id=r.session_id, action=_call("get_users", "{}", call_id="c3"))
     assert "replayed" not in client.step(plain).info and "replayed" not in client.step(plain).info  # no id: no deduplication
     client.close(r.session_id)
+
+
+def test_a_late_cancel_callback_after_a_replay_does_not_block_the_next_turn(env_local):
+    """The order Step applied → the client sees CANCELLED and resends it by request_id (replayed)
+    → only then the server's call-done callback learns the first answer was lost
+    (`keep_undelivered`): the next turn must go on. And ids compare with the last Step only."""
+    core = env_local.core
+    sid = _mock(env_local).session_id
+
+    def create(title, rid):
+        return env_pb2.StepRequest(session_id=sid, request_id=rid,
+                                   action=_call("create_task", json.dumps({"user_id": "user_1", "title": title})))
+
+    applied: list = []
+    first = core.step(create("A", "1"), applied=applied)
+    assert core.step(create("A", "1")).info["replayed"] == "true"
+    session, data, n = applied[0]
+    core.keep_undelivered(session, data, first, n)  # late: the resend already got the answer
+    assert "replayed" not in core.step(create("B", "2")).info
+    core.step(env_pb2.StepRequest(session_id=sid, action=_call("get_users", "{}", call_id="c9")))  # no id
+    assert "replayed" not in core.step(create("B", "2")).info  # not the last Step any more: applied again
+    users = core.step(env_pb2.StepRequest(session_id=sid, action=_call("get_users", "{}", call_id="c10")))
+    assert json.loads(users.observation[0].content)[0]["tasks"] == ["task_1", "task_2", "task_3", "task_4"]
+    env_local.close(sid)
