@@ -10,6 +10,8 @@ import time
 
 log = logging.getLogger(__name__)
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
 #: bfloat16 counts as fast when a bf16 matmul is at least this many times as fast as fp32.
 FAST_BF16_MIN_SPEEDUP = 1.3
 
@@ -58,14 +60,17 @@ def bf16_matmul_speedup(m: int = 256, k: int = 576, n: int = 1536, rounds: int =
 def bf16_verdict() -> tuple[bool, str]:
     """Whether bfloat16 is fast on this CPU, and why (for the logs and `Precision.reason`).
 
-    ``SINKFLEX_CPU_BF16=0/1`` decides when set (tests, benchmarks). Otherwise a CPU without
+    ``SINKFLEX_CPU_BF16`` decides when set to 0/1 (or false/true, no/yes, off/on; tests,
+    benchmarks); another value is logged and ignored. Otherwise a CPU without
     ``amx_bf16`` / ``avx512_bf16`` in /proc/cpuinfo is not fast (nothing measured: bf16 is
     emulated there, hundreds of times slower); with one of them, `bf16_matmul_speedup` must be
     at least `FAST_BF16_MIN_SPEEDUP`.
     """
     forced = os.environ.get("SINKFLEX_CPU_BF16")
-    if forced in ("0", "1"):
-        return forced == "1", f"SINKFLEX_CPU_BF16={forced}"
+    if forced is not None and forced.strip().lower() in _TRUE + _FALSE:
+        return forced.strip().lower() in _TRUE, f"SINKFLEX_CPU_BF16={forced}"
+    if forced:
+        log.warning("SINKFLEX_CPU_BF16=%r is not one of 0/1/true/false/yes/no/on/off: ignored, measuring", forced[:40])
     flags = _cpu_flags()
     has = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
     if not has:

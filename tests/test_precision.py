@@ -74,6 +74,11 @@ def test_fast_bf16_is_measured_not_read_from_the_flags(monkeypatch):
         assert p.autocast == (torch.bfloat16 if fast else None) and why in p.reason
     monkeypatch.setenv("SINKFLEX_CPU_BF16", "1")
     assert hardware.bf16_verdict() == (True, "SINKFLEX_CPU_BF16=1")
+    for value, forced in [("Yes", True), ("true", True), ("off", False), ("0", False)]:
+        monkeypatch.setenv("SINKFLEX_CPU_BF16", value)
+        assert hardware.bf16_verdict() == (forced, f"SINKFLEX_CPU_BF16={value}")
+    monkeypatch.setenv("SINKFLEX_CPU_BF16", "maybe")  # ignored (logged): measured, here the stubbed 2.5x
+    assert hardware.bf16_verdict() == (True, "avx512_bf16, bf16 matmul measured 2.50× fp32")
 
 
 def test_bf16_matmul_speedup_measures_this_cpu():
