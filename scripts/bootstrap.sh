@@ -18,6 +18,11 @@
 # `scripts/bootstrap.sh --check` runs only that check; `--torch-index` prints where torch
 # would come from (the CPU index's URL, or pip-default) and exits.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  ""|--check|--torch-index) ;;
+  *) echo "bootstrap.sh: unknown argument ${1} (--check, --torch-index, --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${SINKFLEX_VENV:-$ROOT/.venv}

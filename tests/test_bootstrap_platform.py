@@ -116,3 +116,12 @@ def test_torch_comes_from_the_cpu_index_where_it_answers_else_from_pips_index(tm
     r = _bootstrap("--torch-index", env={"SINKFLEX_TORCH_INDEX": f"http://127.0.0.1:{closed}/whl/cpu"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "pip-default"
+
+
+def test_help_prints_the_header_and_an_unknown_argument_installs_nothing():
+    r = _bootstrap("--help")
+    assert r.returncode == 0 and r.stdout.startswith("Creates (or refreshes) the project-local virtual environment")
+    assert "--check" in r.stdout and "[bootstrap]" not in r.stdout + r.stderr
+    r = _bootstrap("--bogus")
+    assert r.returncode == 2 and "unknown argument --bogus (--check, --torch-index, --help)" in r.stderr
+    assert "[bootstrap]" not in r.stdout + r.stderr

@@ -56,8 +56,9 @@ def show(
         if not data:
             header += "# every service runs already (services.*_address): nothing is launched\n"
     else:
-        header = (f"# {source}, resolved: every default filled in; the service sections are\n"
-                  "# merged over what the job fills in (`sinkflex-rl config show --services`)\n")
+        header = (f"# {source}, resolved: the job sections with every default filled in; the service\n"
+                  "# sections as written, merged at launch over what the job fills in (their resolved\n"
+                  "# values: `sinkflex-rl config show --services`)\n")
     typer.echo(header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True), nl=False)
 
 
