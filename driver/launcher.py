@@ -218,12 +218,11 @@ class LocalLauncher:
                 kids = [k for k in kids if "resource_tracker" not in " ".join(_cmdline(k))]
                 for i, k in enumerate(kids):
                     self.watched["engine" if i == 0 else f"engine_{i}"] = k.pid
-                    self.watched_parent[k.pid] = p.proc.pid
             else:  # the ranks only: torchrun also runs short-lived helpers whose zombies are not a dead rank
                 kids = [k for k in kids if "learner_service" in " ".join(_cmdline(k))]
                 for i, k in enumerate(kids):
                     self.watched["learner_rank" if i == 0 else f"learner_rank_{i}"] = k.pid
-                    self.watched_parent[k.pid] = p.proc.pid
+            self.watched_parent.update({k.pid: p.proc.pid for k in kids})
 
     def pids(self) -> dict[str, int]:
         """name -> pid of every launched and watched process, and this (the driver) process."""

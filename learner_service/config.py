@@ -30,8 +30,8 @@ class ModelConfig(StrictModel):
     or any built-in one ("eager", "sdpa")."""
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
     """Parameter and compute dtype. auto: bfloat16 weights on CUDA; on a CPU where bfloat16 is
-    measured fast (sinkflex.hardware.bf16_verdict) float32 weights (the master copy AdamW updates) under bfloat16
-    autocast; float32 elsewhere (learner_service.model.resolve_precision, logged). float64:
+    measured fast (sinkflex.hardware.bf16_verdict) float32 weights (the master copy AdamW
+    updates) under bfloat16 autocast; float32 elsewhere (learner_service.model.resolve_precision, logged). float64:
     exactness tests. Log-softmax, LSE and the GRPO ratio are float32 whatever the dtype."""
     gradient_checkpointing: bool = True
     """Recompute each decoder layer's activations in the backward pass."""

@@ -40,7 +40,8 @@ class Precision:
 
 
 def resolve_precision(cfg: ModelConfig, device: torch.device) -> Precision:
-    """dtype auto → CUDA: bf16 weights; CPU with fast bf16 (`sinkflex.hardware.bf16_verdict`, measured): fp32 weights + bf16 autocast; else fp32.
+    """dtype auto → CUDA: bf16 weights; CPU with fast bf16 (measured, `sinkflex.hardware.bf16_verdict`):
+    fp32 weights + bf16 autocast; else fp32.
 
     Autocast (not bf16 weights) on CPU: AdamW keeps updating the fp32 weights (no separate
     master copy to manage), checkpoints and published policies stay fp32, and the bare-loop

@@ -26,7 +26,8 @@ same way. Rollouts whose common prefix is shorter than batch.shared_prefix_min_t
 trained on unshared rows (metrics: shared_prefix_rows, shared_prefix_fallback_groups,
 positions_computed).
 Precision (model.dtype auto): on CUDA bfloat16 weights; on a CPU where bfloat16 is measured
-fast (sinkflex.hardware.bf16_verdict: AMX, AMD's avx512_bf16) bfloat16 autocast over fp32 weights; fp32 elsewhere (model.resolve_precision).
+fast (sinkflex.hardware.bf16_verdict: AMX, AMD's avx512_bf16) bfloat16 autocast over fp32
+weights; fp32 elsewhere (model.resolve_precision).
 Log-softmax, LSE and the GRPO ratio are float32 in every case. logprob_mismatch_mean /
 _max: |engine log-prob − learner log-prob| on the loss-mask tokens of the first mini-batch
 of the first epoch (before this step's first update).

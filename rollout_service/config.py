@@ -21,8 +21,8 @@ class EngineConfig(StrictModel):
     """A transformers-format folder (e.g. `sinkflex-rl models prepare smollm2`)."""
 
     dtype: str = "auto"
-    """Engine dtype. auto: bfloat16 on a CPU where bf16 is measured fast (sinkflex.hardware), the rule of the
-    learner's model.dtype auto; float32 on other CPUs; vLLM's auto on CUDA. float32 keeps engine
+    """Engine dtype. auto: bfloat16 on a CPU where bf16 is measured fast (sinkflex.hardware), the
+    rule of the learner's model.dtype auto; float32 on other CPUs; vLLM's auto on CUDA. float32 keeps engine
     log-probs closest to an fp32 learner (see docs/bench_learner.md for the mismatch)."""
 
     max_model_len: int = Field(8192, ge=256)

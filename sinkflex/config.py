@@ -7,12 +7,11 @@ should be greater than or equal to 0``.
 
 from __future__ import annotations
 
-from pathlib import Path
-from collections.abc import Sequence
-from typing import Any, TypeVar
-
 import types
 import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
