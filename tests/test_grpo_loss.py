@@ -135,3 +135,23 @@ def test_token_logprobs_with_temperature():
     assert lp[0, 1].item() == pytest.approx(math.log(1 / 3), abs=1e-6)
     ent = token_entropy(logits, temperature=0.5)
     assert ent[0, 1].item() == pytest.approx(math.log(3), abs=1e-6)
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0, 3000.0])
+def test_picked_logprobs_lse_and_entropy_match_float64(scale):
+    """The fused one-exp-pass log-sum-exp / entropy (learner_service.logprobs._lse_and_entropy)
+    against float64 torch.logsumexp / softmax, at ordinary and at huge logit magnitudes."""
+    from learner_service.logprobs import picked_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(37, 1000, generator=g) * scale
+    rows = torch.tensor([0, 5, 5, 36])
+    targets = torch.tensor([3, 999, 0, 500])
+    logp, ent = picked_logprobs(logits.clone().requires_grad_(), rows, targets, temperature=0.7, chunk=8, entropy=True)
+    z = logits.double() / 0.7
+    lse = torch.logsumexp(z, -1)
+    ref_ent = lse - (torch.softmax(z, -1) * z).sum(-1)
+    ref_logp = z[rows, targets] - lse[rows]
+    assert torch.isfinite(ent).all() and (ent >= -1e-4).all()
+    torch.testing.assert_close(ent.double(), ref_ent, atol=2e-5 * max(1.0, scale), rtol=1e-5)
+    torch.testing.assert_close(logp.double(), ref_logp, atol=1e-4 * max(1.0, scale / 30), rtol=1e-6)
