@@ -71,6 +71,9 @@ def main(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from env_service.logs import quiet_tau2_logs
+
+    quiet_tau2_logs("DEBUG" if verbose else "WARNING")
     try:
         base = load_config(config, RewardServiceConfig).model_dump() if config else {}
         flags = {"host": host, "port": port, "max_message_bytes": max_message_bytes}

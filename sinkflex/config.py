@@ -118,7 +118,9 @@ def read_yaml(path: str | Path) -> dict:
     """The YAML mapping in the file at `path`, not validated.
 
     Raises:
-        ConfigError: the file is missing, a directory, not UTF-8, not valid YAML, or not a mapping.
+        ConfigError: the file is missing, a directory, not UTF-8, not valid YAML, empty (no YAML
+            document: nothing, or only comments; ``{}`` asks for every default explicitly), or not
+            a mapping.
     """
     path = Path(path)
     if path.is_dir():
@@ -128,13 +130,16 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config {path} is not a regular file")
     try:
-        data = load_yaml(path.read_text(encoding="utf-8")) or {}
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except RecursionError:
         raise ConfigError(f"config {path} is nested too deeply to be a config") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"config {path} is not UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config {path} is not valid YAML: {err}") from None
+    if data is None:
+        raise ConfigError(f"config {path} is empty (no YAML document): write the sections to set, or {{}} for every "
+                          "default")
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a YAML mapping of sections, got {type(data).__name__}")
     return data

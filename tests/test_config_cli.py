@@ -238,3 +238,18 @@ def test_version_is_the_packages():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert result.stdout == f"sinkflex-rl {pyproject}\n"
     assert dist_version("sinkflex-rl") == pyproject
+
+
+@pytest.mark.parametrize("level, shown", [("WARNING", False), ("DEBUG", True)])
+def test_tau2_dotenv_notice_is_dropped_below_debug(level, shown):
+    """`quiet_tau2_logs` keeps tau2's warnings but drops its import-time "No .env file found"
+    (every tau2 import prints it; SinkFlex-RL passes keys as environment variables)."""
+    import subprocess
+    import sys
+
+    code = (f"from env_service.logs import quiet_tau2_logs; quiet_tau2_logs({level!r}); "
+            "import tau2.utils.utils; from loguru import logger; logger.warning('still shown')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "still shown" in out.stderr
+    assert ("No .env file found" in out.stderr) is shown

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from sinkflex.config import ConfigError, merge_dicts
-from driver.config import load_train_config, service_configs
+from driver.config import TrainConfig, load_train_config, service_configs
 
 ROOT = Path(__file__).resolve().parent.parent
 ADDRS = {"env": "127.0.0.1:1", "reward": "127.0.0.1:2", "rollout": "127.0.0.1:3", "learner": "127.0.0.1:4"}
@@ -118,6 +118,14 @@ def test_missing_and_non_yaml_files(tmp_path):
     listing.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_train_config(listing)
+    for text in ("", "\n", "# run:\n#   steps: 3\n"):  # nothing, or only comments: a mistake, not "defaults"
+        empty = tmp_path / "empty.yaml"
+        empty.write_text(text)
+        with pytest.raises(ConfigError, match=r"empty\.yaml is empty \(no YAML document\)"):
+            load_train_config(empty)
+    explicit = tmp_path / "defaults.yaml"
+    explicit.write_text("{}\n")
+    assert load_train_config(explicit).run.steps == TrainConfig().run.steps
 
 
 def test_warm_start_and_generated_tasks_need_the_local_launcher(tmp_path):

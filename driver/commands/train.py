@@ -42,6 +42,9 @@ def train(
 
     from rich.console import Console
 
+    from env_service.logs import quiet_tau2_logs
+
+    quiet_tau2_logs()  # before anything imports tau2 (task generation and the warm start do, here)
     from sinkflex.buffer import TrajectoryBuffer
     from sinkflex.config import ConfigError
     from driver.launcher import LocalLauncher, ServiceDied
