@@ -343,7 +343,10 @@ class TrainConfig(StrictModel):
                 raise ValueError(f"{name}: must be a mapping of {_SECTION_CLASSES[name].__name__} fields, "
                                  f"not {type(section).__name__}")
             raw[name] = section
-        base = handler(data)
+        try:
+            base = handler(data)
+        except ValidationError as job_errors:
+            raise _with_section_errors(job_errors, raw, handler) from None
         base._sections = raw
         typed = _launch_configs(base)
         cfg = handler({**data, **{name: typed.get(name) for name in SERVICE_SECTIONS}})
@@ -604,6 +607,22 @@ def launch_inputs(cfg: TrainConfig) -> dict[str, Any]:
     return {"policy_dir": LAUNCH, "addresses": addresses, "redis_url": cfg.services.redis_url or LAUNCH,
             "user_base_url": LAUNCH if cfg.launches_user_sim() else None, "task_files": task_files,
             "demonstrations": str(demonstrations_path(run_dir)) if cfg.warm_start.enabled else None}
+
+
+def _with_section_errors(job_errors: ValidationError, raw: dict[str, dict[str, Any]], handler) -> ValidationError:
+    """`job_errors` plus the service sections' own field errors, so that one run of the config
+    names every bad field. With the job sections invalid, the sections are typed over what a
+    default job would give them (their field types and names do not depend on the job; the
+    rules between sections and job, `TrainConfig._check_sections`, are left for the next run)."""
+    base = handler({})
+    base._sections = raw
+    try:
+        _launch_configs(base)
+    except ValidationError as section_errors:
+        return ValidationError.from_exception_data(job_errors.title, [
+            *job_errors.errors(include_url=False),
+            *(e for e in section_errors.errors(include_url=False) if e["loc"][0] in raw and raw[e["loc"][0]])])
+    return job_errors
 
 
 def _launch_configs(cfg: TrainConfig) -> dict[str, Any]:

@@ -74,6 +74,19 @@ def test_bad_service_section_is_named(tmp_path):
         validate_config({"env_service": ["mock"]}, TrainConfig)
 
 
+def test_job_and_service_section_errors_are_named_together(tmp_path):
+    """A bad job field does not hide a bad service field: one load names both."""
+    path = _write(tmp_path, {"run": {"steps": -3}, "learner": {"optim": {"lr": "fast"}},
+                             "rollout_service": {"engine": {"kv_cache_gib": -1}}})
+    with pytest.raises(ConfigError) as err:
+        load_train_config(path)
+    text = str(err.value)
+    assert "  run.steps: Input should be greater than or equal to 1" in text
+    assert "  learner.optim.lr: Input should be a valid number" in text
+    assert "  rollout_service.engine.kv_cache_gib: Input should be greater than 0" in text
+    assert "env_service" not in text  # a section the file does not write is not blamed
+
+
 def test_service_sections_are_typed_and_dump_as_written(tmp_path):
     """Each service section is its service's own config class, merged over what the job derives
     (LAUNCH where only the start knows it); model_dump writes the sections as the file did, so a
