@@ -16,11 +16,16 @@ then one timed step on the same tokens in every mode):
 - ``full``: every rollout through forward/backward, gradient checkpointing on (the reference
   run's step before this change);
 - ``skip``: zero-advantage rollouts left out (exact: same loss and gradient, checked below);
+- ``skip_tuned_malloc``: ``skip`` under the local launcher's malloc settings for the CPU learner
+  (`local.learner_glibc_tunables`: every allocation in glibc's heap, none given back to the
+  kernel), where the other modes run under glibc's defaults (each tensor of 32 MiB or more mapped
+  fresh and unmapped when freed);
 - ``skip_no_ckpt`` (with ``--all``): the same without gradient checkpointing, one row;
 - ``skip_no_ckpt_mb27`` (with ``--all``): without checkpointing, rows of at most 27 rollouts.
 
-The table reports step seconds, positions computed, peak RSS, the loss and gradient norm (equal
-between modes when the skip is exact), and the ratio against ``full``.
+The table reports step seconds, positions computed, peak RSS, the process's system time and
+minor page faults (warm-up included), the loss and gradient norm (equal between modes when the
+skip is exact), and the ratio against ``full``.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ REWARDS = [[1, 1, 1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0
 MODES = {  # mode -> (gradient checkpointing, micro_batch_size, skip_zero_advantage)
     "full": (True, 80, False),
     "skip": (True, 80, True),
+    "skip_tuned_malloc": (True, 80, True),
     "skip_no_ckpt": (False, 80, True),
     "skip_no_ckpt_mb27": (False, 27, True),
 }
@@ -94,6 +100,8 @@ def worker(mode: str, n_groups: int) -> dict:
                 step_s=dt, positions_computed=m["positions_computed"], positions_trained=m["positions_trained"],
                 skipped_rollouts=m["skipped_rollouts"], loss=m["loss"], grad_norm=m["grad_norm"],
                 precision=learner.precision.describe(), threads=torch.get_num_threads(),
+                glibc_tunables=os.environ.get("GLIBC_TUNABLES"), sys_s=resource.getrusage(resource.RUSAGE_SELF).ru_stime,
+                minor_faults=resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
                 peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, load_avg=os.getloadavg()[0])
 
 
@@ -112,27 +120,34 @@ def main() -> None:
         print("ROW " + json.dumps(worker(args.worker, args.groups)), flush=True)
         return
     n_groups = 3 if args.quick else 10
-    modes = list(MODES) if args.all else ["full", "skip"]
+    modes = list(MODES) if args.all else ["full", "skip", "skip_tuned_malloc"]
+    from driver.config import LEARNER_GLIBC_TUNABLES
     load0 = os.getloadavg()
     rows = []
     for mode in modes:
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        if mode == "skip_tuned_malloc":
+            env["GLIBC_TUNABLES"] = LEARNER_GLIBC_TUNABLES
         proc = subprocess.run([sys.executable, __file__, "--worker", mode, "--groups", str(n_groups)], stdout=subprocess.PIPE,
-                              text=True, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+                              text=True, cwd=REPO, env=dict(env, OMP_NUM_THREADS=str(args.threads)))
         got = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
         rows += got or [dict(mode=mode, error=f"worker exit {proc.returncode}")]
         print(rows[-1], file=sys.stderr, flush=True)
     load1 = os.getloadavg()
     full = next((r for r in rows if r.get("mode") == "full" and "error" not in r), None)
-    lines = ["| mode | checkpointing | rollouts per row | skipped rollouts | positions computed | step s | vs full | "
-             "peak RSS GiB | loss | grad norm |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| mode | checkpointing | malloc | rollouts per row | skipped rollouts | positions computed | step s | vs full | "
+             "peak RSS GiB | system s | minor faults | loss | grad norm |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['mode']} | {r['error']} | | | | | | | | |")
+            lines.append(f"| {r['mode']} | {r['error']} | | | | | | | | | | | |")
             continue
         rel = f"{full['step_s'] / r['step_s']:.2f}×" if full else "–"
-        lines.append(f"| {r['mode']} | {'on' if r['gradient_checkpointing'] else 'off'} | {r['micro_batch_size']} | "
+        lines.append(f"| {r['mode']} | {'on' if r['gradient_checkpointing'] else 'off'} | "
+                     f"{'tuned' if r['glibc_tunables'] else 'glibc default'} | {r['micro_batch_size']} | "
                      f"{r['skipped_rollouts']:.0f} | {r['positions_computed']:.0f} | {r['step_s']:.1f} | {rel} | "
-                     f"{r['peak_rss_gib']:.2f} | {r['loss']:.6g} | {r['grad_norm']:.6g} |")
+                     f"{r['peak_rss_gib']:.2f} | {r['sys_s']:.1f} | {r['minor_faults'] / 1e6:.2f} M | {r['loss']:.6g} | "
+                     f"{r['grad_norm']:.6g} |")
     import torch
 
     from sinkflex.hardware import cpu_has_fast_bf16
@@ -146,7 +161,7 @@ def main() -> None:
     body = "\n".join(lines)
     print(body)
     Path(args.out).write_text(
-        "# The demo's learner step: zero-advantage rollouts left out\n\n"
+        "# The demo's learner step: zero-advantage rollouts left out, and the learner's malloc settings\n\n"
         + __doc__.split("\n\n", 1)[1].split("\n\n", 1)[1].rstrip() + "\n\n"
         + f"## {device}, torch {torch.__version__}\n\n"
         + f"{stamp}; `benchmarks/bench_learner_step.py{' --all' if args.all else ''}{' --quick' if args.quick else ''}`, "

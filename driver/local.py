@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -32,7 +33,7 @@ import yaml
 from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
 from driver.placement import Placement, place, visible_gpus
 from sinkflex.models import resolve_model
-from driver.config import TrainConfig, demonstrations_path, service_configs
+from driver.config import LocalConfig, TrainConfig, demonstrations_path, service_configs
 from sinkflex.config import ConfigError
 from driver.clients import Addresses
 
@@ -166,7 +167,8 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={placement.learner_nproc}"]
     learner = (ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner"]),
                                             "--port", str(ports["learner"]), "--no-metrics"],
-                                health=HEALTH["learner"], address=addresses["learner"], env={**common_env, **placement.env("learner")},
+                                health=HEALTH["learner"], address=addresses["learner"],
+                                env={**common_env, **learner_cpu_env(cfg.local, placement.on_gpus), **placement.env("learner")},
                                 stop_grace_s=cfg.local.learner_stop_grace_s))
     launcher.start_all([learner], ready_timeout=cfg.local.ready_timeout_s)
     return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner=addresses["learner"])
@@ -178,6 +180,14 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
 #: model's validation, which then keeps its cores (measured on 2 cores: at equal priority one SFT
 #: step took 229 s and the learner had 40 % of a core; with the engine's group at nice 10, 156 %)
 ENGINE_NICE = 10
+
+
+def learner_cpu_env(local: LocalConfig, on_gpus: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The local CPU learner's GLIBC_TUNABLES (`LocalConfig.learner_glibc_tunables`): {} on GPUs,
+    when it is None, or when the environment already sets GLIBC_TUNABLES (the user's wins)."""
+    if on_gpus or local.learner_glibc_tunables is None or "GLIBC_TUNABLES" in environ:
+        return {}
+    return {"GLIBC_TUNABLES": local.learner_glibc_tunables}
 
 
 def engine_cpu_env(bind: str, user_sim: bool = False, cores: list[int] | None = None) -> dict[str, str]:

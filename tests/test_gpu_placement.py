@@ -178,8 +178,9 @@ def test_launcher_refuses_before_starting_anything(monkeypatch, tmp_path):
 def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     """No GPU visible (CUDA_VISIBLE_DEVICES unset, no nvidia-smi on PATH, as on this machine):
     exactly the commands and environments the launcher built before placement existed (the
-    rollout engine's CPU core binding, `local.engine_cpu_threads_bind`, aside)."""
-    from driver.local import engine_cpu_env
+    rollout engine's CPU core binding, `local.engine_cpu_threads_bind`, and the learner's malloc
+    settings, `local.learner_glibc_tunables`, aside)."""
+    from driver.local import engine_cpu_env, learner_cpu_env
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
@@ -198,7 +199,7 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     assert specs["learner"].argv == [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                                      "-m", "learner_service", "--config", str(cfgs / "learner.yaml"), "--port", port,
                                      "--no-metrics"]
-    assert specs["learner"].env == redis
+    assert specs["learner"].env == {**redis, **learner_cpu_env(cfg.local, on_gpus=False)}
     if config == "retail.yaml":
         sim = specs["user_sim"]
         assert sim.env == {"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1))}
@@ -303,3 +304,34 @@ def test_cpu_engine_binding_follows_the_mode(monkeypatch, tmp_path, overrides, e
     # bound to every core, the engine runs at a lower priority; the others as the launcher
     assert specs["rollout"].nice == (local.ENGINE_NICE if expected == "all" else 0)
     assert all(s.nice == 0 for n, s in specs.items() if n != "rollout")
+
+
+def test_cpu_learner_glibc_tunables():
+    """local.learner_glibc_tunables → the CPU learner's GLIBC_TUNABLES, unless GPUs, None, or the
+    user's own GLIBC_TUNABLES; and a process started with it really runs under those settings."""
+    import subprocess
+    import sys
+
+    from driver.config import LEARNER_GLIBC_TUNABLES, LocalConfig
+    from driver.local import learner_cpu_env
+
+    local = LocalConfig()
+    assert learner_cpu_env(local, on_gpus=False, environ={}) == {"GLIBC_TUNABLES": LEARNER_GLIBC_TUNABLES}
+    assert learner_cpu_env(local, on_gpus=True, environ={}) == {}
+    assert learner_cpu_env(LocalConfig(learner_glibc_tunables=None), on_gpus=False, environ={}) == {}
+    assert learner_cpu_env(local, on_gpus=False, environ={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {}
+    # glibc takes the default, and it works: once the heap has grown (a 256 MiB tensor), 32 MiB
+    # tensors (the size from which glibc maps each allocation fresh) allocated and freed ten times
+    # fault their pages in ten times by default, and are served from the heap when tuned
+    code = ("import torch, resource\n"
+            "for _ in range(3): torch.empty(64 << 20).fill_(1.0)\n"
+            "f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "for _ in range(10): torch.empty(8 << 20).fill_(1.0)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)\n")
+    faults = {}
+    for name, env in (("default", {}), ("tuned", learner_cpu_env(local, on_gpus=False, environ={}))):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**{k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}, **env})
+        assert out.returncode == 0, out.stderr[-2000:]
+        faults[name] = int(out.stdout.split()[-1])
+    assert faults["default"] > 10 * 6000 and faults["tuned"] < 1000, faults  # 8192 pages of 4 KiB each time
