@@ -241,7 +241,7 @@ class LocalConfig(StrictModel):
     reserved for its scheduler: 1 of 2 cores here). Anything else is passed as it is ("nobind",
     "0-3", "0,2")."""
     ready_timeout_s: float = Field(600.0, gt=0)
-    learner_glibc_tunables: Optional[str] = Field(LEARNER_GLIBC_TUNABLES, min_length=1)
+    learner_glibc_tunables: Optional[str] = Field(LEARNER_GLIBC_TUNABLES, pattern=r"^glibc\.[a-z_.]+=[^:=\s]+(:glibc\.[a-z_.]+=[^:=\s]+)*$")
     """GLIBC_TUNABLES of the local learner processes on CPU (glibc's malloc settings, read at
     process start; an exported GLIBC_TUNABLES wins; None: glibc's defaults). The default keeps
     every allocation in malloc's heap and never gives freed memory back to the kernel
@@ -346,20 +346,25 @@ class TrainConfig(StrictModel):
             return data
         if not isinstance(data, dict):
             return handler(data)  # pydantic's own "Input should be a valid dictionary"
-        data = dict(data)
+        # a job section written as null or left empty (`run:`) means its defaults, as a service one does
+        data = {k: v for k, v in data.items() if not (v is None and k in cls.model_fields)}
         raw: dict[str, dict[str, Any]] = {}
+        shape_errors: list[dict[str, Any]] = []  # service sections that are not mappings
         for name in SERVICE_SECTIONS:
             section = data.pop(name, None)
             if section is None:
                 section = {}
             if not isinstance(section, dict):
-                raise ValueError(f"{name}: must be a mapping of {_SECTION_CLASSES[name].__name__} fields, "
-                                 f"not {type(section).__name__}")
+                shape_errors.append({"type": "value_error", "loc": (name,), "input": section, "ctx": {"error": ValueError(
+                    f"must be a mapping of {_SECTION_CLASSES[name].__name__} fields, not {type(section).__name__}")}})
+                section = {}
             raw[name] = section
         try:
             base = handler(data)
         except ValidationError as job_errors:
-            raise _with_section_errors(job_errors, raw, handler) from None
+            raise _with_section_errors(job_errors, raw, handler, shape_errors) from None
+        if shape_errors:
+            raise ValidationError.from_exception_data("TrainConfig", shape_errors)
         base._sections = raw
         typed = _launch_configs(base)
         cfg = handler({**data, **{name: typed.get(name) for name in SERVICE_SECTIONS}})
@@ -622,20 +627,20 @@ def launch_inputs(cfg: TrainConfig) -> dict[str, Any]:
             "demonstrations": str(demonstrations_path(run_dir)) if cfg.warm_start.enabled else None}
 
 
-def _with_section_errors(job_errors: ValidationError, raw: dict[str, dict[str, Any]], handler) -> ValidationError:
+def _with_section_errors(job_errors: ValidationError, raw: dict[str, dict[str, Any]], handler,
+                         shape_errors: Sequence[dict[str, Any]] = ()) -> ValidationError:
     """`job_errors` plus the service sections' own field errors, so that one run of the config
     names every bad field. With the job sections invalid, the sections are typed over what a
     default job would give them (their field types and names do not depend on the job; the
     rules between sections and job, `TrainConfig._check_sections`, are left for the next run)."""
     base = handler({})
     base._sections = raw
+    found = [*job_errors.errors(include_url=False), *shape_errors]
     try:
         _launch_configs(base)
     except ValidationError as section_errors:
-        return ValidationError.from_exception_data(job_errors.title, [
-            *job_errors.errors(include_url=False),
-            *(e for e in section_errors.errors(include_url=False) if e["loc"][0] in raw and raw[e["loc"][0]])])
-    return job_errors
+        found += [e for e in section_errors.errors(include_url=False) if e["loc"][0] in raw and raw[e["loc"][0]]]
+    return ValidationError.from_exception_data(job_errors.title, found)
 
 
 def _launch_configs(cfg: TrainConfig) -> dict[str, Any]:

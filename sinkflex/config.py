@@ -7,6 +7,7 @@ should be greater than or equal to 0``.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -76,17 +77,31 @@ def describe_errors(err: ValidationError) -> str:
     the fields."""
 
     def line(e) -> str:
-        where = ".".join(str(p) for p in e["loc"])
+        where = ".".join(_bounded(str(p), 80) for p in e["loc"])
         if not where and e["type"] == "value_error":
-            return "  " + e["msg"].removeprefix("Value error, ")
-        return f"  {where or '<root>'}: {e['msg']}"
+            return "  " + _bounded(e["msg"].removeprefix("Value error, "), 500)
+        return f"  {where or '<root>'}: {_bounded(e['msg'], 500)}"
 
-    return "\n".join(line(e) for e in err.errors())
+    errors = err.errors()
+    lines = [line(e) for e in errors[:MAX_ERRORS_SHOWN]]
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"  ... and {len(errors) - MAX_ERRORS_SHOWN} more")
+    return "\n".join(lines)
+
+
+#: `describe_errors` lists at most this many errors (then how many more), each name on the path
+#: cut at 80 characters and each message at 500: a config of junk gets a bounded message.
+MAX_ERRORS_SHOWN = 50
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 15] + f"… ({len(text)} chars)"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a mapping with a key twice is an error (PyYAML keeps the
-    last one silently; YAML 1.2 says keys are unique)."""
+    last one silently; YAML 1.2 says keys are unique), and that ``1e-5`` is a float, as in YAML
+    1.2 (PyYAML follows YAML 1.1, which needs ``1.0e-5`` and reads ``1e-5`` as a string)."""
 
     def construct_mapping(self, node, deep=False):
         seen: set = set()
@@ -98,6 +113,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                 |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                 |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                 |[-+]?\.(?:inf|Inf|INF)
+                 |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
 
 
 def load_yaml(text: str):
@@ -162,7 +188,7 @@ def set_dotted(data: dict, assignment: str) -> dict:
     if not sep or not key or any(not p for p in parts):
         raise ConfigError(f"--set {assignment!r}: expected dotted.field=value, e.g. rollout.group_size=8")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = load_yaml(text) if text.strip() else None
     except RecursionError:
         raise ConfigError(f"--set {assignment[:80]!r}: the value is nested too deeply") from None
     except yaml.YAMLError as err:

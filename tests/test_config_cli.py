@@ -33,7 +33,7 @@ def test_set_dotted_parses_values_as_yaml_and_creates_sections():
     assert out == {"run": {"steps": 8, "name": "x"}} and data == {"run": {"steps": 3, "name": "x"}}  # input untouched
     assert set_dotted({}, "a.b.c=true") == {"a": {"b": {"c": True}}}
     assert set_dotted({}, "a=null") == {"a": None} == set_dotted({}, "a=")
-    assert set_dotted({}, "a=1e-5") == {"a": "1e-5"}  # as PyYAML reads it in the file, too (no dot: a string)
+    assert set_dotted({}, "a=1e-5") == {"a": 1e-5}  # a float, as in the file (YAML 1.2; PyYAML alone reads a string)
     assert set_dotted({}, "a=1.5e-5") == {"a": 1.5e-5}
     assert set_dotted({}, 'a="8"') == {"a": "8"}
     assert set_dotted({}, "a=[x, y]") == {"a": ["x", "y"]}

@@ -70,7 +70,7 @@ def test_bad_service_section_is_named(tmp_path):
     assert "  learner.grpo.beta: Input should be greater than or equal to 0" in str(err.value)
     with pytest.raises(ConfigError, match=r"  learner\.grpo\.beta: Input should be greater"):  # configs built in code too
         validate_config(yaml.safe_load(path.read_text()), TrainConfig)
-    with pytest.raises(ConfigError, match="env_service: must be a mapping of EnvServiceConfig fields, not list"):
+    with pytest.raises(ConfigError, match="env_service: Value error, must be a mapping of EnvServiceConfig fields, not list"):
         validate_config({"env_service": ["mock"]}, TrainConfig)
 
 
@@ -226,9 +226,44 @@ def test_duplicate_keys_bad_optimiser_values_and_rules_between_fields_are_clear(
     for override, message in [
         ("learner.optim.betas=[0.9, 2]", "  learner.optim.betas: Value error, each of AdamW's betas must be in [0, 1)"),
         ("learner.optim.scheduler=nosuch", "  learner.optim.scheduler: Input should be 'constant'"),
-        ("learner=5", "\n  learner: must be a mapping of LearnerConfig fields, not int"),
+        ("learner=5", "\n  learner: Value error, must be a mapping of LearnerConfig fields, not int"),
         ("rollout.temperature=0.5", "\n  learner.grpo.temperature (1.0) must equal rollout.temperature (0.5)"),
     ]:
         with pytest.raises(ConfigError) as err:
             load_train_config(demo, [override] + (["learner.grpo.temperature=1.0"] if "temperature" in override else []))
         assert message in str(err.value) and "<root>" not in str(err.value), (override, str(err.value))
+
+
+def test_null_sections_non_mapping_sections_and_yaml_floats(tmp_path):
+    """A job section written as null or empty means its defaults (as a service section does);
+    every service section that is not a mapping is named along with the job's errors; ``1e-5``
+    reads as a float in the file and in --set (YAML 1.2, not PyYAML's 1.1 string)."""
+    from driver.config import TrainConfig
+
+    empty = tmp_path / "null_sections.yaml"
+    empty.write_text("run:\nlocal: null\nlearner:\n")
+    assert load_train_config(empty).run == TrainConfig().run
+    bad = tmp_path / "shapes.yaml"
+    bad.write_text("run: [1, 2]\nlearner: [a]\nenv_service: 5\n")
+    with pytest.raises(ConfigError) as err:
+        load_train_config(bad)
+    text = str(err.value)
+    assert "  run: Input should be a valid dictionary" in text
+    assert "  learner: Value error, must be a mapping of LearnerConfig fields, not list" in text
+    assert "  env_service: Value error, must be a mapping of EnvServiceConfig fields, not int" in text
+    floats = tmp_path / "floats.yaml"
+    floats.write_text("learner:\n  optim:\n    lr: 3e-5\n")
+    cfg = load_train_config(floats, ["learner.grpo.clip_eps_low=1e-1"])
+    assert cfg.section("learner")["optim"]["lr"] == 3e-5 and cfg.section("learner")["grpo"]["clip_eps_low"] == 0.1
+
+
+def test_error_messages_are_bounded(tmp_path):
+    """A config of junk gets a bounded message: at most MAX_ERRORS_SHOWN errors, long names cut."""
+    from sinkflex.config import MAX_ERRORS_SHOWN
+
+    junk = tmp_path / "junk.yaml"
+    junk.write_text("run:\n" + "".join(f"  typo_{i}: 1\n" for i in range(500)) + f"  ? {'k' * 100_000}\n  : 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_train_config(junk)
+    text = str(err.value)
+    assert len(text) < 20_000 and f"... and {501 - MAX_ERRORS_SHOWN} more" in text
