@@ -44,7 +44,9 @@ LAUNCH = "<launch>"
 class RunConfig(StrictModel):
     """Where and how long."""
 
-    name: str = "run"
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    """The run's name: the default run folder is runs/<name>, so one folder name (letters, digits,
+    '.', '_', '-'; at most 100 characters), not a path."""
     output_dir: Optional[str] = None
     """Run folder (metrics, plots, logs, checkpoints, policy versions, Redis data); default runs/<name>."""
     steps: int = Field(3, ge=1)

@@ -267,3 +267,10 @@ def test_error_messages_are_bounded(tmp_path):
         load_train_config(junk)
     text = str(err.value)
     assert len(text) < 20_000 and f"... and {501 - MAX_ERRORS_SHOWN} more" in text
+
+
+@pytest.mark.parametrize("name", ["", "../../tmp/x", "a/b", ".hidden", "x" * 101])
+def test_run_name_is_one_folder_name(tmp_path, name):
+    """run.name becomes runs/<name>: an empty name, a path or a 101-character name is refused."""
+    with pytest.raises(ConfigError, match=r"run\.name: String should match pattern"):
+        load_train_config(_write(tmp_path, {"run": {"name": name}}))
