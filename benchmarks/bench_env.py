@@ -143,7 +143,7 @@ def main() -> None:
     args = p.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs("ERROR")
     from env_service.client import GrpcEnvClient, LocalEnvClient

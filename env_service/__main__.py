@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: Namespace) -> None:
     """Serves with the parsed flags until SIGTERM/SIGINT."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs("DEBUG" if args.log_level.upper() == "DEBUG" else "WARNING")
     config = config_from_args(args)

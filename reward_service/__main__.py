@@ -71,7 +71,7 @@ def main(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs("DEBUG" if verbose else "WARNING")
     try:

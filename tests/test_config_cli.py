@@ -247,7 +247,7 @@ def test_tau2_dotenv_notice_is_dropped_below_debug(level, shown):
     import subprocess
     import sys
 
-    code = (f"from env_service.logs import quiet_tau2_logs; quiet_tau2_logs({level!r}); "
+    code = (f"from tau2_adapter.logs import quiet_tau2_logs; quiet_tau2_logs({level!r}); "
             "import tau2.utils.utils; from loguru import logger; logger.warning('still shown')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -31,7 +31,7 @@ def gen_tasks(tmp_path_factory):
 def env(gen_tasks):
     """A LocalEnvClient over the mock domain and the generated tasks (scripted user)."""
     from env_service.client import LocalEnvClient
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
     from tests.fixtures.env import scripted_config
 
     quiet_tau2_logs("WARNING")

@@ -148,7 +148,7 @@ def test_adapter_imports_no_service_and_not_the_driver():
 def env_server_gen(gen_dir):
     from env_service.client import GrpcEnvClient
     from env_service.config import EnvServiceConfig
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
     from env_service.server import build_server
 
     quiet_tau2_logs("WARNING")

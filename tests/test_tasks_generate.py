@@ -35,7 +35,7 @@ def env_grpc_gen(task_dir):
     """A real gRPC env server serving tau2's mock domain plus the generated task dir."""
     from env_service.client import GrpcEnvClient
     from env_service.config import EnvServiceConfig
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
     from env_service.server import build_server
 
     quiet_tau2_logs("WARNING")

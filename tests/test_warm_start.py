@@ -29,7 +29,7 @@ def services(gen_tasks):
     """A real env server and a real reward server over the generated tasks; their gRPC clients."""
     from env_service.client import GrpcEnvClient
     from env_service.config import EnvServiceConfig
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
     from env_service.server import build_server as env_server
     from reward_service.client import GrpcRewardClient
     from reward_service.config import RewardServiceConfig

@@ -79,7 +79,7 @@ def replay(
     (`evaluate_simulation`: DB, ENV_ASSERTION, ACTION, COMMUNICATE) on the trajectory the
     service produced. The server's own reward is shown too.
     """
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs()
     from driver.commands import env_client

@@ -98,7 +98,7 @@ def check(
     from rich.table import Table
 
     from driver.commands import env_client
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
     from env_service.replay import replay_golden
     from sinkflex.api.common.v1 import common_pb2
     from sinkflex.errors import ServiceError

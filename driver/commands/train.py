@@ -42,7 +42,7 @@ def train(
 
     from rich.console import Console
 
-    from env_service.logs import quiet_tau2_logs
+    from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs()  # before anything imports tau2 (task generation and the warm start do, here)
     from sinkflex.buffer import TrajectoryBuffer
