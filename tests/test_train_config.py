@@ -74,13 +74,18 @@ def test_bad_service_section_is_named(tmp_path):
         validate_config({"env_service": ["mock"]}, TrainConfig)
 
 
+def _load_error(path) -> str:
+    """The ConfigError message of loading the experiment at `path` (which must fail)."""
+    with pytest.raises(ConfigError) as err:
+        load_train_config(path)
+    return str(err.value)
+
+
 def test_job_and_service_section_errors_are_named_together(tmp_path):
     """A bad job field does not hide a bad service field: one load names both."""
     path = _write(tmp_path, {"run": {"steps": -3}, "learner": {"optim": {"lr": "fast"}},
                              "rollout_service": {"engine": {"kv_cache_gib": -1}}})
-    with pytest.raises(ConfigError) as err:
-        load_train_config(path)
-    text = str(err.value)
+    text = _load_error(path)
     assert "  run.steps: Input should be greater than or equal to 1" in text
     assert "  learner.optim.lr: Input should be a valid number" in text
     assert "  rollout_service.engine.kv_cache_gib: Input should be greater than 0" in text
@@ -245,9 +250,7 @@ def test_null_sections_non_mapping_sections_and_yaml_floats(tmp_path):
     assert load_train_config(empty).run == TrainConfig().run
     bad = tmp_path / "shapes.yaml"
     bad.write_text("run: [1, 2]\nlearner: [a]\nenv_service: 5\n")
-    with pytest.raises(ConfigError) as err:
-        load_train_config(bad)
-    text = str(err.value)
+    text = _load_error(bad)
     assert "  run: Input should be a valid dictionary" in text
     assert "  learner: Value error, must be a mapping of LearnerConfig fields, not list" in text
     assert "  env_service: Value error, must be a mapping of EnvServiceConfig fields, not int" in text
