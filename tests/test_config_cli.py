@@ -241,15 +241,16 @@ def test_version_is_the_packages():
 
 
 @pytest.mark.parametrize("level, shown", [("WARNING", False), ("DEBUG", True)])
-def test_tau2_dotenv_notice_is_dropped_below_debug(level, shown):
+def test_tau2_import_notices_are_dropped_below_debug(level, shown):
     """`quiet_tau2_logs` keeps tau2's warnings but drops its import-time "No .env file found"
-    (every tau2 import prints it; SinkFlex-RL passes keys as environment variables)."""
+    and "Sonnet thinking is disabled" (every tau2 import prints them; they say nothing about the run)."""
     import subprocess
     import sys
 
     code = (f"from tau2_adapter.logs import quiet_tau2_logs; quiet_tau2_logs({level!r}); "
-            "import tau2.utils.utils; from loguru import logger; logger.warning('still shown')")
+            "import tau2.utils.utils, tau2.utils.llm_utils; from loguru import logger; logger.warning('still shown')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "still shown" in out.stderr
     assert ("No .env file found" in out.stderr) is shown
+    assert ("Sonnet thinking is disabled" in out.stderr) is shown
