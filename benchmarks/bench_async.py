@@ -328,11 +328,17 @@ def run_config(args) -> dict:
                    "group_size": cfg.rollout.group_size, "env": cfg.task.env, "policy": cfg.models.policy,
                    "validation": {"every_steps": cfg.validation.every_steps, "tasks": cfg.validation.num_tasks,
                                   "trials": cfg.validation.trials},
-                   "runs_dir": str(args.runs_dir)},
+                   "runs_dir": _relative(args.runs_dir)},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu_name(),
                     "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after_each_mode": loads},
         "wall_s": round(time.time() - t_start, 1),
     }
+
+
+def _relative(path: str) -> str:
+    """`path` relative to the repository when inside it (the docs name no machine's folders)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def cpu_name() -> str:
@@ -380,8 +386,16 @@ def markdown_config(o: dict) -> str:
     verdict = (f"**{ratio}× meets the issue's goal of ≥ 1.3×.**" if ratio >= 1.3 else
                f"**{ratio}× does not meet the issue's goal of ≥ 1.3×.** Both sides are CPU-bound on the same "
                f"{m['cpus']} cores: while the learner trains, the engine's generations slow down and vice versa, so "
-               "overlapping them hides only the time one side leaves the cores idle (checkpoint, publish, weight "
-               "reload, the engine's serial tail).")
+               "overlapping them can hide only the time one side leaves the cores idle (checkpoint, publish, weight "
+               "reload, the engine's serial tail): in the synchronous run the engine was busy "
+               f"{1 - s['engine_idle_fraction']:.2f} of the time and the learner {1 - s['learner_idle_fraction']:.2f} "
+               f"(its checkpoint and publish included), so the cores were idle about "
+               f"{max(0.0, s['engine_idle_fraction'] + s['learner_idle_fraction'] - 1):.0%} of it.")
+    if ratio < 1:
+        verdict += (f" Running both at once was slower than running them in turn: the learner's step took "
+                    f"{a['learner_step_s_mean']} s instead of {s['learner_step_s_mean']} s and a Rollout request "
+                    f"{a['rollout_s_mean']} s instead of {s['rollout_s_mean']} s, and two thread pools on the same "
+                    "cores lose time to each other (a parallel region waits for its descheduled threads).")
     proj = "" if pj is None else (
         f"\n**Projection for separate rollout and learner hardware (GPUs)**, arithmetic on this run's synchronous "
         f"steps, not a measurement: a synchronous step costs rollout + learner, an asynchronous one (k = 1) the "
