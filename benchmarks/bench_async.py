@@ -230,7 +230,12 @@ def main() -> None:
         Path(args.out + ".md").write_text(render(json.loads(Path(args.out + ".json").read_text())))
         return
     if args.config:
-        out = run_config(args)
+        from sinkflex.config import ConfigError
+
+        try:
+            out = run_config(args)
+        except ConfigError as err:
+            raise SystemExit(f"bench_async: {err}") from None
         Path(args.out + ".json").write_text(json.dumps(out, indent=1) + "\n")
         Path(args.out + ".md").write_text(markdown_config(out))
         print(json.dumps({k: v for k, v in out.items() if k != "modes"}, indent=1))
@@ -278,7 +283,13 @@ def run_config(args) -> dict:
     from driver.config import load_train_config
     from driver.controller import paired_difference, read_validations
 
-    cfg = load_train_config(args.config)
+    # both variants checked before anything runs (a refusal of k = 1 must not come after an hour of k = 0)
+    cfg, _ = (load_train_config(args.config, [f"rollout.max_staleness={k}"]) for k in (0, 1))
+    for name in ("sync", "async"):
+        run_dir = Path(args.runs_dir) / name
+        if run_dir.exists() and not (run_dir / "metrics.jsonl").is_file() and any(run_dir.iterdir()):
+            raise SystemExit(f"bench_async: {run_dir} exists and is not a run folder (no metrics.jsonl); "
+                             "not deleting it: pass another --runs-dir")
     t_start, load_before = time.time(), os.getloadavg()
     runs, walls, loads = {}, {}, []
     for name, k in (("sync", 0), ("async", 1)):
