@@ -245,3 +245,41 @@ def test_prefix_shared_across_groups_is_exact(tmp_path, float64_norms):
     assert m_ac["positions_computed"] < m_un["positions_computed"] == m_ac["positions_trained"]
     assert abs(m_ac["loss"] - m_un["loss"]) <= 1e-10
     assert max((w_un[k] - w_ac[k]).abs().max().item() for k in w_un) <= 1e-9
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 3e-2)])
+def test_suffix_attention_low_precision_matches_float64(dtype, tol):
+    """`_SuffixAttention` (prefix part and own causal part merged by their LSE, CPU) in float32
+    and bfloat16 against the float64 masked SDPA: outputs and every gradient within the
+    precision's rounding (GQA 4 query heads on 2 KV heads, suffixes of unequal length)."""
+    import torch.nn.functional as F
+
+    from sinkflex.attention.hf import _sdpa_suffixes_batched
+
+    P, lengths = 37, [11, 4, 9]
+    N = P + sum(lengths)
+    sufs = [(P + sum(lengths[:i]), P + sum(lengths[: i + 1])) for i in range(len(lengths))]
+    g = torch.Generator().manual_seed(3)
+    base = [torch.randn(1, h, N, 16, dtype=torch.float64, generator=g) for h in (4, 2, 2)]
+    w = torch.randn(1, 4, sum(lengths), 16, dtype=torch.float64, generator=g)
+
+    def run(dt, fn):
+        q, k, v = (x.to(dt, copy=True).requires_grad_() for x in base)
+        out = fn(q, k, v)
+        (out.double() * w).sum().backward()
+        return [out.double(), q.grad.double(), k.grad.double(), v.grad.double()]
+
+    def masked(q, k, v):  # the single masked call per suffix: the reference
+        outs = []
+        for a, e in sufs:
+            ks, vs = (torch.cat([x[:, :, :P], x[:, :, a:e]], dim=2) for x in (k, v))
+            cols = torch.arange(P + e - a)
+            allowed = (cols[None, :] < P) | (cols[None, :] - P <= torch.arange(e - a)[:, None])
+            outs.append(F.scaled_dot_product_attention(q[:, :, a:e], ks, vs, attn_mask=allowed, scale=0.25, enable_gqa=True))
+        return torch.cat(outs, dim=2)
+
+    ref = run(torch.float64, masked)
+    got = run(dtype, lambda q, k, v: _sdpa_suffixes_batched(q, k, v, 0.25, P, sufs, max(lengths), True))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, ref):
+        err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
+        assert err <= tol, (name, err)

@@ -241,9 +241,10 @@ def _sdpa_route(given, mask, sliding_window: int | None, q_len: int, kv_len: int
 
     - plain causal rows (transformers' causal mask, no padding/packing/cache, no window):
       ``F.scaled_dot_product_attention(is_causal=True)`` — PyTorch's fused CPU flash kernel;
-    - shared-prefix rows without padding or window: SDPA on the prefix (causal) and, per
-      suffix, SDPA over ``[prefix keys | own suffix keys]`` with the causal-offset mask;
-      the prefix keys' gradients from all suffixes add up through ``torch.cat``.
+    - shared-prefix rows without padding or window: SDPA on the prefix (causal) and the
+      suffixes batched (`_sdpa_shared_prefix`; on CPU `_SuffixAttention`: prefix part and
+      own causal part as two unmasked flash calls merged by their LSE);
+      the prefix keys' gradients from all suffixes add up.
     Anything else (windows, padding, documents) stays on the blockwise path. ``given`` is
     the layer's attention_mask argument, ``mask`` the spec with the layer's structure.
     """
@@ -267,15 +268,18 @@ def _sdpa_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
 def _sdpa_shared_prefix(q: Tensor, k: Tensor, v: Tensor, scale: float, layout) -> Tensor:
     """Shared-prefix attention by SDPA pieces; ``layout`` = per row ``(P, [(start, end), …])``.
 
-    Per row: the prefix is one causal SDPA call; the G suffixes are one batched SDPA call
-    over ``[G, H, S_max, D]`` queries against ``[prefix keys | own suffix keys]`` (the prefix
-    keys broadcast over G, so their gradients from every suffix sum in the expand's
-    backward), with the causal-offset mask; suffixes shorter than ``S_max`` are padded with
-    query rows whose outputs are dropped (zero gradient) and key columns that are masked.
-    Suffixes are batched in buckets of similar length (`_length_buckets`: padding costs at
-    most `_PAD_BUDGET` times the unpadded attention); a bucket of one is its own call. All
-    are exact (same pairs, same softmax); batching turns G small kernel calls into a few
-    (CPU flash attention's backward in particular).
+    Per row: the prefix is one causal SDPA call; the G suffixes are batched as
+    ``[G, H, S_max, D]`` queries (`_sdpa_suffixes_batched`). On CPU each batch is
+    `_SuffixAttention`: the prefix part (all suffixes' queries against the prefix keys, read
+    once) and the own part (causal) as two unmasked flash-attention calls merged by their LSE.
+    Elsewhere (or with no prefix) one SDPA call against ``[prefix keys | own suffix keys]``
+    (the prefix keys broadcast over G, their gradients summed in the expand's backward) with
+    the causal-offset mask; there a bucket of one is its own masked call.
+    Suffixes shorter than ``S_max`` are padded with query rows whose outputs are dropped
+    (zero gradient). Suffixes are batched in buckets of similar length (`_length_buckets`:
+    padding costs at most `_PAD_BUDGET` times the unpadded attention). All forms are exact
+    (same pairs, same softmax); batching turns G small kernel calls into a few (CPU flash
+    attention's backward in particular).
     """
     import torch.nn.functional as F
 
@@ -288,9 +292,10 @@ def _sdpa_shared_prefix(q: Tensor, k: Tensor, v: Tensor, scale: float, layout) -
             parts.append(F.scaled_dot_product_attention(
                 qb[:, :, :prefix], kb[:, :, :prefix], vb[:, :, :prefix], is_causal=True, scale=scale, enable_gqa=gqa))
         outs: dict[int, Tensor] = {}  # suffix index -> its [1, H, n, D] output
+        split = prefix > 0 and q.device.type == "cpu"  # `_SuffixAttention` serves a bucket of one too
         for bucket in _length_buckets(prefix, [e - a for a, e in sufs]):
             chosen = [sufs[j] for j in bucket]
-            if len(bucket) > 1:
+            if len(bucket) > 1 or split:
                 lengths = [e - a for a, e in chosen]
                 out = _sdpa_suffixes_batched(qb, kb, vb, scale, prefix, chosen, max(lengths), gqa)
                 for j, piece in zip(bucket, out.split(lengths, dim=2)):
@@ -337,7 +342,12 @@ _PAD_BUDGET = 1.5
 
 
 def _sdpa_suffixes_batched(qb: Tensor, kb: Tensor, vb: Tensor, scale: float, prefix: int, sufs, s_max: int, gqa: bool) -> Tensor:
-    """``[1, Hq, Σ n_g, D]`` attention of one row's G suffixes in one SDPA call (see `_sdpa_shared_prefix`)."""
+    """``[1, Hq, Σ n_g, D]`` attention of one row's G suffixes (see `_sdpa_shared_prefix`).
+
+    On CPU with a prefix: `_SuffixAttention` (the prefix part and the own causal part as two
+    unmasked flash-attention calls, merged by their log-sum-exp). Otherwise one SDPA call over
+    ``[prefix keys | own keys]`` with the causal-offset mask.
+    """
     import torch.nn.functional as F
 
     dev = qb.device
@@ -345,9 +355,16 @@ def _sdpa_suffixes_batched(qb: Tensor, kb: Tensor, vb: Tensor, scale: float, pre
     lengths = torch.tensor([e - a for a, e in sufs], device=dev)
     s = torch.arange(s_max, device=dev)
     idx = starts[:, None] + torch.minimum(s[None, :], lengths[:, None] - 1)  # [G, S] packed index (pads repeat the last)
+    real = (s[None, :] < lengths[:, None]).flatten()  # [G·S] rows that are real queries, in suffix order
 
     def own(x: Tensor) -> Tensor:  # [1, H, N, D] -> [G, H, S, D]
         return x[0][:, idx].transpose(0, 1)
+
+    if prefix > 0 and dev.type == "cpu":
+        # a pad query (a copy of its suffix's last) sees pad keys only causally after every real
+        # query: real rows never see a pad key, and dropped pad rows send back zero gradient
+        out = _SuffixAttention.apply(own(qb), kb[:, :, :prefix], vb[:, :, :prefix], own(kb), own(vb), scale)
+        return out.transpose(0, 1).flatten(1, 2)[:, real].unsqueeze(0)
 
     def keys(x: Tensor) -> Tensor:  # [G, H, P + S, D]: the prefix (broadcast) then the suffix's own
         return torch.cat([x[:, :, :prefix].expand(len(sufs), -1, -1, -1), own(x)], dim=2)
@@ -358,8 +375,69 @@ def _sdpa_suffixes_batched(qb: Tensor, kb: Tensor, vb: Tensor, scale: float, pre
         (own_col[None, None, :] <= s[None, :, None]) & (own_col[None, None, :] < lengths[:, None, None])
     )  # [G, S, P + S]: a pad query row still sees the prefix / its suffix, so no row is empty
     out = F.scaled_dot_product_attention(own(qb), keys(kb), keys(vb), attn_mask=allowed[:, None], scale=scale, enable_gqa=gqa)
-    real = (s[None, :] < lengths[:, None]).flatten()  # [G·S] rows that are real queries, in suffix order
     return out.transpose(0, 1).flatten(1, 2)[:, real].unsqueeze(0)  # [1, H, Σ n_g, D]
+
+
+def _fold_groups(x: Tensor, kv_heads: int) -> Tensor:
+    """``[G, Hq, S, …]`` → ``[1, Hkv, G·r·S, …]`` with r = Hq / Hkv: every query that reads KV head
+    h (query heads h·r … h·r + r − 1, `repeat_kv`'s grouping) in one row of KV head h."""
+    g, hq, s = x.shape[:3]
+    return x.reshape(g, kv_heads, hq // kv_heads, s, *x.shape[3:]).transpose(0, 1).reshape(1, kv_heads, -1, *x.shape[3:])
+
+
+def _unfold_groups(y: Tensor, g: int, hq: int, s: int) -> Tensor:
+    """The inverse of `_fold_groups`: ``[1, Hkv, G·r·S, …]`` → ``[G, Hq, S, …]``."""
+    kv_heads = y.shape[1]
+    return y.reshape(kv_heads, g, hq // kv_heads, s, *y.shape[3:]).transpose(0, 1).reshape(g, hq, s, *y.shape[3:])
+
+
+class _SuffixAttention(torch.autograd.Function):
+    """Exact attention of G suffixes to a shared prefix and to their own causal past, on CPU.
+
+    ``forward(q [G, Hq, S, D], k_prefix [1, Hkv, P, D], v_prefix, k_own [G, Hkv, S, D], v_own,
+    scale) -> [G, Hq, S, D]`` (same dtype as q; P ≥ 1; Hq a multiple of Hkv). Query ``(g, s)``
+    attends to every prefix key and to own keys ``0..s``.
+
+    Two unmasked calls of PyTorch's CPU flash attention
+    (`aten._scaled_dot_product_flash_attention_for_cpu`, which returns the row log-sum-exp):
+    the prefix part with every suffix's queries folded into one row per KV head (the prefix's
+    keys are read once for all G suffixes and never copied G times), and the own part causal.
+    The two are merged by their LSEs, ``o = e^{l₁−l}·o₁ + e^{l₂−l}·o₂, l = logaddexp(l₁, l₂)``
+    (FlashAttention's split-KV combine). The backward runs the kernel's backward once per part
+    with the *merged* output and LSE, which gives each part's exact share of dq, dk, dv (the
+    softmax of a part's keys is ``exp(s − l)`` with the full row's l; the same identity ring
+    attention uses). Same pairs and softmax as the masked single call: exact to rounding
+    (tests/test_shared_prefix.py, float64 ≤ 1e-12).
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k_prefix: Tensor, v_prefix: Tensor, k_own: Tensor, v_own: Tensor, scale: float) -> Tensor:
+        g, hq, s, _ = q.shape
+        kv_heads = k_prefix.shape[1]
+        o1, l1 = _FLASH_CPU(_fold_groups(q, kv_heads), k_prefix, v_prefix, 0.0, False, scale=scale)
+        o1, l1 = _unfold_groups(o1, g, hq, s), _unfold_groups(l1, g, hq, s)
+        o2, l2 = _FLASH_CPU(q, k_own, v_own, 0.0, True, scale=scale)
+        lse = torch.logaddexp(l1, l2)  # float32 (or float64) whatever q's dtype
+        out = (torch.exp(l1 - lse)[..., None] * o1 + torch.exp(l2 - lse)[..., None] * o2).to(q.dtype)
+        ctx.save_for_backward(q, k_prefix, v_prefix, k_own, v_own, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k_prefix, v_prefix, k_own, v_own, out, lse = ctx.saved_tensors
+        g, hq, s, _ = q.shape
+        kv_heads = k_prefix.shape[1]
+        grad_out = grad_out.contiguous()
+        fold = lambda x: _fold_groups(x, kv_heads)
+        dq1, dk_prefix, dv_prefix = _FLASH_CPU_BACKWARD(fold(grad_out), fold(q), k_prefix, v_prefix, fold(out), fold(lse),
+                                                        0.0, False, scale=ctx.scale)
+        dq2, dk_own, dv_own = _FLASH_CPU_BACKWARD(grad_out, q, k_own, v_own, out, lse, 0.0, True, scale=ctx.scale)
+        return _unfold_groups(dq1, g, hq, s) + dq2, dk_prefix, dv_prefix, dk_own, dv_own, None
+
+
+_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 def layer_masks(config, mask: MaskSpec) -> dict[str, MaskSpec]:
