@@ -72,8 +72,9 @@ def summarize(k: int, train: list[dict], learner: list[dict]) -> dict:
         "steps": n,
         "policy_versions": [int(r["policy_version"]) for r in learner],
         "loop_s": round(train[-1]["wall_s"], 1),
-        "versions_per_hour": round(3600 * (n - 1) / steady_s, 1) if later else None,
-        "versions_per_hour_overall": round(3600 * n / train[-1]["wall_s"], 1),
+        # unrounded until the ratios are taken (`round_rates`)
+        "versions_per_hour": 3600 * (n - 1) / steady_s if later else None,
+        "versions_per_hour_overall": 3600 * n / train[-1]["wall_s"],
         # time-weighted over the steady-state steps
         "engine_idle_fraction": round(sum(r["engine_idle_fraction"] * r["step_s"] for r in later) / steady_s, 3) if later else None,
         "learner_idle_fraction": round(idle_s / steady_s, 3) if later else None,
@@ -89,6 +90,20 @@ def summarize(k: int, train: list[dict], learner: list[dict]) -> dict:
         "learner_idle_s": [round(r["learner_idle_s"], 1) for r in learner],
         "engine_idle_fraction_per_step": [round(r["engine_idle_fraction"], 3) for r in train],
     }
+
+
+def ratio(modes: dict, key: str) -> float | None:
+    """async / sync of `key` from the unrounded rates, to 3 decimals (None when either is missing)."""
+    s, a = modes["sync"].get(key), modes["async"].get(key)
+    return round(a / s, 3) if s and a else None
+
+
+def round_rates(modes: dict) -> None:
+    """Rounds every mode's rates (versions per hour) to 0.1 for the record, once the ratios are taken."""
+    for m in modes.values():
+        for key in ("versions_per_hour", "versions_per_hour_overall"):
+            if m.get(key) is not None:
+                m[key] = round(m[key], 1)
 
 
 def run_both(args, t_start: float) -> tuple[dict, dict]:
@@ -210,28 +225,53 @@ def run_both(args, t_start: float) -> tuple[dict, dict]:
     return out, facts
 
 
+#: the short benchmark's flags: (flag, type, default, help)
+SHORT_FLAGS = [
+    ("--steps", int, 3, "RL steps per mode"),
+    ("--tasks-per-step", int, 1, "groups per step"),
+    ("--group-size", int, 4, "G"),
+    ("--max-turns", int, 2, "turns per episode"),
+    ("--max-new-tokens", int, 32, "tokens per turn"),
+    ("--budget-s", float, 280.0, "stop whatever runs after this many seconds"),
+]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=3, help="RL steps per mode")
-    p.add_argument("--tasks-per-step", type=int, default=1)
-    p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--max-turns", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--budget-s", type=float, default=280.0, help="stop whatever runs after this many seconds")
+    short = p.add_argument_group("the short benchmark (without --config)")
+    for flag, kind, default, text in SHORT_FLAGS:
+        short.add_argument(flag, type=kind, default=None, help=f"{text} (default {default})")
     p.add_argument("--config", help="an experiment YAML (configs/demo.yaml): train it twice, k = 0 then 1")
-    p.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench_async"), help="with --config: the two run folders")
+    p.add_argument("--runs-dir", help="with --config: where the two run folders go (default runs/bench_async)")
     p.add_argument("--out", help="writes OUT.md and OUT.json (default docs/bench_async with --config, "
                                  "docs/bench_async_short without)")
     p.add_argument("--render-only", action="store_true", help="rewrite OUT.md from OUT.json, run nothing")
     args = p.parse_args()
-    args.out = args.out or str(ROOT / "docs" / ("bench_async" if args.config else "bench_async_short"))
-    render = markdown_config if args.config else markdown
+    given = [flag for flag, *_ in SHORT_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if args.config and given:
+        p.error(f"{', '.join(given)} set the short benchmark; with --config the experiment file decides")
+    if not args.config and args.runs_dir:
+        p.error("--runs-dir goes with --config")
+    for flag, _, default, _ in SHORT_FLAGS:
+        name = flag[2:].replace("-", "_")
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    args.out = str(Path(args.out or ROOT / "docs" / ("bench_async" if args.config else "bench_async_short")).resolve())
     if args.render_only:
-        Path(args.out + ".md").write_text(render(json.loads(Path(args.out + ".json").read_text())))
+        path = Path(args.out + ".json")
+        if not path.is_file():
+            raise SystemExit(f"bench_async: nothing to render: {path} is not a file")
+        o = json.loads(path.read_text())
+        Path(args.out + ".md").write_text(markdown_config(o) if "held_out" in o else markdown(o))
         return
+    if not Path(args.out).parent.is_dir():  # checked now, not after the runs
+        raise SystemExit(f"bench_async: --out {args.out}: {Path(args.out).parent} is not a folder")
     if args.config:
         from sinkflex.config import ConfigError
 
+        # absolute: `train` runs in the repository, whatever folder this was started from
+        args.config = str(Path(args.config).resolve())
+        args.runs_dir = str(Path(args.runs_dir or ROOT / "runs" / "bench_async").resolve())
         try:
             out = run_config(args)
         except ConfigError as err:
@@ -245,13 +285,13 @@ def main() -> None:
     load_before = os.getloadavg()
     results, facts = run_both(args, t_start)
     s, a = results["sync"], results["async"]
-    ok = s.get("versions_per_hour") and a.get("versions_per_hour")
     proj = projection(s)
+    ratios = {"versions_per_hour_ratio": ratio(results, "versions_per_hour"),
+              "versions_per_hour_overall_ratio": ratio(results, "versions_per_hour_overall")}
+    round_rates(results)
     out = {
         "versions_per_hour": {"sync": s.get("versions_per_hour"), "async": a.get("versions_per_hour")},
-        "versions_per_hour_ratio": round(a["versions_per_hour"] / s["versions_per_hour"], 3) if ok else None,
-        "versions_per_hour_overall_ratio": round(a["versions_per_hour_overall"] / s["versions_per_hour_overall"], 3)
-        if ok else None,
+        **ratios,
         "engine_idle_fraction": {"sync": s.get("engine_idle_fraction"), "async": a.get("engine_idle_fraction")},
         "learner_idle_fraction": {"sync": s.get("learner_idle_fraction"), "async": a.get("learner_idle_fraction")},
         "projection_separate_hardware": proj,
@@ -278,26 +318,34 @@ def run_config(args) -> dict:
     `args.runs_dir`; returns the benchmark's record (both modes, their validations, the ratios).
 
     Raises:
-        subprocess.CalledProcessError: a training run failed (its log is in its run folder).
+        SystemExit: a run folder that is not one, or a training run failed (one line naming its logs).
+        ConfigError: the experiment, with k = 0 or with k = 1, is invalid (before anything runs).
     """
     from driver.config import load_train_config
     from driver.controller import paired_difference, read_validations
 
     # both variants checked before anything runs (a refusal of k = 1 must not come after an hour of k = 0)
     cfg, _ = (load_train_config(args.config, [f"rollout.max_staleness={k}"]) for k in (0, 1))
+    if Path(args.runs_dir).exists() and not Path(args.runs_dir).is_dir():
+        raise SystemExit(f"bench_async: --runs-dir {args.runs_dir} is not a folder")
     for name in ("sync", "async"):
         run_dir = Path(args.runs_dir) / name
-        if run_dir.exists() and not (run_dir / "metrics.jsonl").is_file() and any(run_dir.iterdir()):
+        if run_dir.exists() and not (run_dir.is_dir() and ((run_dir / "metrics.jsonl").is_file() or not any(run_dir.iterdir()))):
             raise SystemExit(f"bench_async: {run_dir} exists and is not a run folder (no metrics.jsonl); "
                              "not deleting it: pass another --runs-dir")
     t_start, load_before = time.time(), os.getloadavg()
     runs, walls, loads = {}, {}, []
     for name, k in (("sync", 0), ("async", 1)):
         run_dir = Path(args.runs_dir) / name
-        shutil.rmtree(run_dir, ignore_errors=True)  # from scratch: never resume an earlier benchmark's run
+        if run_dir.exists():  # from scratch: never resume an earlier benchmark's run
+            print(f"bench_async: removing the earlier benchmark run {run_dir}", file=sys.stderr)
+            shutil.rmtree(run_dir)
         t0 = time.time()
-        subprocess.run([str(ROOT / "bin" / "sinkflex-rl"), "train", "-c", args.config,
-                        "--set", f"rollout.max_staleness={k}", "--output-dir", str(run_dir)], check=True, cwd=ROOT)
+        done = subprocess.run([str(ROOT / "bin" / "sinkflex-rl"), "train", "-c", args.config,
+                               "--set", f"rollout.max_staleness={k}", "--output-dir", str(run_dir)], cwd=ROOT, check=False)
+        if done.returncode:
+            raise SystemExit(f"bench_async: the {name} run (k = {k}) failed with exit status {done.returncode}; "
+                             f"its logs are in {run_dir / 'logs'}")
         walls[name] = round(time.time() - t0, 1)
         loads.append([round(x, 2) for x in os.getloadavg()])
         runs[name] = run_dir
@@ -310,9 +358,6 @@ def run_config(args) -> dict:
         learner = [r for r in learner if r["kind"] == "train" and r["policy_version"] > v0]
         modes[name] = summarize(k, train, learner)
         modes[name]["job_s"] = walls[name]
-        # the RL loop's throughput as a user sees it: loop start → last version done, step-4 validation included
-        modes[name]["rl_loop_s"] = round(train[-1]["wall_s"], 1)
-        modes[name]["versions_per_hour_rl_loop"] = round(3600 * len(train) / train[-1]["wall_s"], 1)
         vals[name] = {v["after"]: v for v in read_validations(run_dir)}
     held_out = []
     for label in vals["sync"]:
@@ -326,16 +371,21 @@ def run_config(args) -> dict:
                          "async_minus_sync": [round(d["difference"], 3), round(d["ci_low"], 3), round(d["ci_high"], 3)],
                          "tasks": d["tasks"]})
     s, a = modes["sync"], modes["async"]
+    # the RL loop's throughput as a user sees it (loop start → last version done, validations
+    # during RL included): each mode's versions_per_hour_overall
+    ratios = {"versions_per_hour_ratio": ratio(modes, "versions_per_hour_overall"),
+              "versions_per_hour_steady_state_ratio": ratio(modes, "versions_per_hour")}
+    round_rates(modes)
     return {
-        "versions_per_hour": {"sync": s["versions_per_hour_rl_loop"], "async": a["versions_per_hour_rl_loop"]},
-        "versions_per_hour_ratio": round(a["versions_per_hour_rl_loop"] / s["versions_per_hour_rl_loop"], 3),
-        "versions_per_hour_steady_state_ratio": round(a["versions_per_hour"] / s["versions_per_hour"], 3),
+        "versions_per_hour_basis": "RL loop: loop start to last version done, validations during RL included",
+        "versions_per_hour": {"sync": s["versions_per_hour_overall"], "async": a["versions_per_hour_overall"]},
+        **ratios,
         "engine_idle_fraction": {"sync": s["engine_idle_fraction"], "async": a["engine_idle_fraction"]},
         "learner_idle_fraction": {"sync": s["learner_idle_fraction"], "async": a["learner_idle_fraction"]},
         "held_out": held_out,
-        "projection_separate_hardware": projection(s),
+        "projection_separate_hardware": projection(s, cfg.validation.every_steps),
         "modes": modes,
-        "config": {"file": str(args.config), "steps": cfg.run.steps, "tasks_per_step": cfg.task.tasks_per_step,
+        "config": {"file": _relative(args.config), "steps": cfg.run.steps, "tasks_per_step": cfg.task.tasks_per_step,
                    "group_size": cfg.rollout.group_size, "env": cfg.task.env, "policy": cfg.models.policy,
                    "validation": {"every_steps": cfg.validation.every_steps, "tasks": cfg.validation.num_tasks,
                                   "trials": cfg.validation.trials},
@@ -359,31 +409,35 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-def projection(s: dict) -> dict | None:
+def projection(s: dict, val_every: int = 0) -> dict | None:
     """Separate rollout and learner hardware (GPUs): a synchronous step costs rollout + learner
     (+ checkpoint, publish, reload: all in the measured step), an asynchronous one the longer of
-    the two. From a synchronous mode's summary; None with fewer than two steps."""
-    if not s.get("step_s") or len(s["step_s"]) < 2:
+    the two. From a synchronous mode's summary, over its steps after the first (which holds the
+    learner's first wait) except those right after a validation (their step time holds it);
+    rollout and step means over the same steps. None when no step qualifies."""
+    steps = [i for i in range(1, len(s.get("step_s") or [])) if not (val_every and i % val_every == 0)]
+    if not steps:
         return None
-    r = s["rollout_s_mean"]
-    step = sum(s["step_s"][1:]) / (len(s["step_s"]) - 1)
+    r = sum(s["rollout_s"][i] for i in steps) / len(steps)
+    step = sum(s["step_s"][i] for i in steps) / len(steps)
     learner_side = max(step - r, 0.0)
-    return {"rollout_s": r, "learner_and_publish_s": round(learner_side, 1),
+    return {"steps": [i + 1 for i in steps], "rollout_s": round(r, 1), "learner_and_publish_s": round(learner_side, 1),
             "versions_per_hour_ratio": round(step / max(r, learner_side), 3)}
 
 
 def markdown_config(o: dict) -> str:
     """docs/bench_async.md from run_config's record."""
     s, a, c, m, pj = o["modes"]["sync"], o["modes"]["async"], o["config"], o["machine"], o["projection_separate_hardware"]
+    f3 = lambda x: "—" if x is None else f"{x:.3f}"
     rows = [
         ("job wall time, s (start-up, base validation, warm start, RL, validations)", s["job_s"], a["job_s"]),
-        ("RL loop, s (first rollout → last version done)", s["rl_loop_s"], a["rl_loop_s"]),
-        ("**policy versions per hour (RL loop)**", s["versions_per_hour_rl_loop"], a["versions_per_hour_rl_loop"]),
+        ("RL loop, s (loop start → last version done)", s["loop_s"], a["loop_s"]),
+        ("**policy versions per hour (RL loop)**", s["versions_per_hour_overall"], a["versions_per_hour_overall"]),
         ("policy versions per hour (steady state)", s["versions_per_hour"], a["versions_per_hour"]),
-        ("**engine idle fraction** (steady state)", s["engine_idle_fraction"], a["engine_idle_fraction"]),
-        ("learner idle fraction (steady state)", s["learner_idle_fraction"], a["learner_idle_fraction"]),
-        ("staleness mean / max", f"{s['staleness_mean']} / {s['staleness_max']}",
-         f"{a['staleness_mean']} / {a['staleness_max']}"),
+        ("**engine idle fraction** (steady state)", f3(s["engine_idle_fraction"]), f3(a["engine_idle_fraction"])),
+        ("learner idle fraction (steady state)", f3(s["learner_idle_fraction"]), f3(a["learner_idle_fraction"])),
+        ("staleness mean / max", f"{s['staleness_mean']:.3f} / {s['staleness_max']:g}",
+         f"{a['staleness_mean']:.3f} / {a['staleness_max']:g}"),
         ("dropped stale groups", s["dropped_stale_groups"], a["dropped_stale_groups"]),
         ("Rollout request, mean s", s["rollout_s_mean"], a["rollout_s_mean"]),
         ("learner step (train only), mean s", s["learner_step_s_mean"], a["learner_step_s_mean"]),
@@ -394,38 +448,42 @@ def markdown_config(o: dict) -> str:
     held = "\n".join(f"| {h['after']} | {fmt(h['sync'])} | {fmt(h['async'])} | {h['async_minus_sync'][0]:+.3f} "
                      f"[{h['async_minus_sync'][1]:+.3f}, {h['async_minus_sync'][2]:+.3f}] |" for h in o["held_out"])
     ratio = o["versions_per_hour_ratio"]
+    e_busy, l_busy = 1 - s["engine_idle_fraction"], 1 - s["learner_idle_fraction"]
     verdict = (f"**{ratio}× meets the issue's goal of ≥ 1.3×.**" if ratio >= 1.3 else
                f"**{ratio}× does not meet the issue's goal of ≥ 1.3×.** Both sides are CPU-bound on the same "
-               f"{m['cpus']} cores: while the learner trains, the engine's generations slow down and vice versa, so "
-               "overlapping them can hide only the time one side leaves the cores idle (checkpoint, publish, weight "
-               "reload, the engine's serial tail): in the synchronous run the engine was busy "
-               f"{1 - s['engine_idle_fraction']:.2f} of the time and the learner {1 - s['learner_idle_fraction']:.2f} "
-               f"(its checkpoint and publish included), so the cores were idle about "
-               f"{max(0.0, s['engine_idle_fraction'] + s['learner_idle_fraction'] - 1):.0%} of it.")
+               f"{m['cpus']} cores: while the learner trains, the engine's generations slow down and vice versa. In "
+               f"the synchronous run the engine was generating {e_busy:.2f} of the time and the learner active (not "
+               f"waiting for groups) {l_busy:.2f}, so their active periods covered about "
+               f"{min(1.0, e_busy + l_busy):.0%} of the wall time with little gap between them; what overlapping can "
+               "hide is the under-used part of each period (checkpoint, publish, weight reload, the engine's "
+               "serial tail of a few long episodes).")
     if ratio < 1:
-        verdict += (f" Running both at once was slower than running them in turn: the learner's step took "
+        verdict += (f" Here that was less than running both at once cost: the learner's step took "
                     f"{a['learner_step_s_mean']} s instead of {s['learner_step_s_mean']} s and a Rollout request "
-                    f"{a['rollout_s_mean']} s instead of {s['rollout_s_mean']} s, and two thread pools on the same "
-                    "cores lose time to each other (a parallel region waits for its descheduled threads).")
+                    f"{a['rollout_s_mean']} s instead of {s['rollout_s_mean']} s (two thread pools on the same cores "
+                    "lose time to each other: a parallel region waits for its descheduled threads).")
     proj = "" if pj is None else (
         f"\n**Projection for separate rollout and learner hardware (GPUs)**, arithmetic on this run's synchronous "
-        f"steps, not a measurement: a synchronous step costs rollout + learner, an asynchronous one (k = 1) the "
-        f"longer of the two: rollout {pj['rollout_s']} s, learner (step, checkpoint, publish, reload) "
-        f"{pj['learner_and_publish_s']} s → **{pj['versions_per_hour_ratio']}×**. It assumes the sides share no "
-        "compute; on a GPU both sides shrink by different factors, and the ratio moves towards 1 as one side "
-        "dominates.\n")
-    return f"""# Synchronous vs asynchronous rollouts on the demo config (`rollout.max_staleness` 0 vs 1)
+        f"steps {pj['steps']} (not the first, which holds the learner's first wait, nor those right after a "
+        f"validation), not a measurement: a synchronous step costs rollout + learner, an asynchronous one (k = 1) "
+        f"the longer of the two: rollout {pj['rollout_s']} s, learner (step, checkpoint, publish, reload) "
+        f"{pj['learner_and_publish_s']} s → **{pj['versions_per_hour_ratio']}×** as many versions per hour. It "
+        "assumes the sides share no compute; on a GPU both sides shrink by different factors, and the ratio moves "
+        "towards 1 as one side dominates.\n")
+    every = c["validation"]["every_steps"]
+    val_note = " (in both modes including the validations that ran before the last version)" if every else ""
+    return f"""# Synchronous vs asynchronous rollouts on `{c['file']}` (`rollout.max_staleness` 0 vs 1)
 
 `.venv/bin/python benchmarks/bench_async.py --config {c['file']}` ({o['wall_s'] / 60:.0f} min in all): the
-experiment trained twice from scratch by `sinkflex-rl train` exactly as `bin/demo` runs it (local processes,
-embedded Redis, vLLM CPU engine, learner over gloo), once synchronous (k = 0) and once asynchronous (k = 1),
-one after the other: {c['env']} domain, {c['policy']}, {c['steps']} RL steps of {c['tasks_per_step']} groups
-× G = {c['group_size']}, validation every {c['validation']['every_steps']} steps on {c['validation']['tasks']}
-held-out tasks × {c['validation']['trials']} trials. One run per mode, so the timing figures are one sample each.
+experiment trained twice from scratch by `sinkflex-rl train` (local processes, embedded Redis, vLLM CPU
+engine, learner over gloo), once synchronous (k = 0) and once asynchronous (k = 1), one after the other:
+{c['env']} domain, {c['policy']}, {c['steps']} RL steps of {c['tasks_per_step']} groups × G = {c['group_size']},
+validation every {every} steps on {c['validation']['tasks']} held-out tasks × {c['validation']['trials']} trials.
+One run per mode, so the timing figures are one sample each.
 
 **Machine and load.** {m['cpus']} CPU cores ({m['cpu']}); load average before: {m['loadavg_before']}, after the
-sync and the async run: {m['loadavg_after_each_mode']} (the benchmark's own processes keep it near 2; more means
-other work shared the cores).
+sync and the async run: {m['loadavg_after_each_mode']}. The benchmark's own processes keep it near {m['cpus']} in
+the synchronous run (one side computes at a time) and up to twice that in the asynchronous one (both at once).
 
 | | sync (k = 0) | async (k = 1) |
 | --- | --- | --- |
@@ -443,15 +501,15 @@ other work shared the cores).
 Base and warm start come before RL and do not depend on the mode; their rows show how much two validations of
 the same weights differ here (the engine batches differently from run to run).
 
-RL loop = from the loop's start to its last version done, the step-{c['validation']['every_steps']}
-validation included in both modes. Steady state = from a mode's first version done to its last. Engine idle
-fraction = share of wall time with no generation in flight on the engine (`engine_busy_seconds` /
-`engine_uptime_seconds` of the rollout service's Status), time-weighted over the steady-state steps.
-Learner idle fraction = seconds the learner waited for groups / steady-state wall time.
+RL loop = from the loop's start to its last version done{val_note}. Steady state = from a mode's first
+version done to its last. Engine idle fraction = share of wall time with no generation in flight on the engine
+(`engine_busy_seconds` / `engine_uptime_seconds` of the rollout service's Status), time-weighted over the
+steady-state steps. Learner idle fraction = seconds the learner waited for groups / steady-state wall time.
 {proj}
-Run folders (metrics, validations, logs): `{c['runs_dir']}/sync`, `{c['runs_dir']}/async`. Numbers:
-[bench_async.json](bench_async.json). The short version of this benchmark (mock task, 2 steps per mode, no
-validation): [bench_async_short.md](bench_async_short.md). How the modes work: [async.md](async.md).
+Run folders (metrics, validations, logs; on the machine that ran it, not in git): `{c['runs_dir']}/sync`,
+`{c['runs_dir']}/async`. Numbers:
+[bench_async.json](bench_async.json). The short version of this benchmark (one mock task, a few steps per mode,
+no validation): [bench_async_short.md](bench_async_short.md). How the modes work: [async.md](async.md).
 """
 
 
@@ -563,7 +621,7 @@ time-weighted over the steady-state steps; in synchronous mode the engine waits 
 step and weight reload, in asynchronous mode only when it is a full step ahead (`rollout_wait_s`).
 Learner idle fraction = seconds the learner waited for groups / steady-state wall time.{idle_note}
 {proj}
-Numbers: [bench_async.json](bench_async.json). How the modes work: [async.md](async.md).
+Numbers: [bench_async_short.json](bench_async_short.json). How the modes work: [async.md](async.md).
 """
 
 

@@ -10,7 +10,7 @@ def quiet_tau2_logs(level: str = "WARNING") -> None:
 
     tau2 logs every orchestrator step at DEBUG, which costs more than the step itself, and its
     registry's contents at import. Entry points (`train`, the servers, CLI, benchmarks, test
-    fixtures) call this before importing tau2. Below DEBUG it also drops the import-time notices
+    fixtures) call this before importing tau2. Below DEBUG it also drops two import-time warnings
     every tau2 import prints, which say nothing about the run (`IMPORT_NOTICES`): "No .env file
     found" (`tau2.utils.utils` looks for API keys in a .env file; SinkFlex-RL passes them, when a
     hosted user simulator needs any, as environment variables, which litellm reads directly) and
