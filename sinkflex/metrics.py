@@ -182,8 +182,7 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
     def _record(labels: tuple[str, ...], context: grpc.ServicerContext, start: float, failed: bool) -> None:
         code = context.code()
         if code is None and not context.is_active():  # the client went away before the end
-            remaining = context.time_remaining()
-            code = grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
+            code = _gone_code(context)
         if code is None:
             code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
         GRPC_HANDLED.labels(*labels, code.name).inc()
@@ -213,12 +212,19 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
                 failed = False
             except GeneratorExit:  # the client cancelled or the deadline passed
                 if context.code() is None:
-                    context.set_code(grpc.StatusCode.CANCELLED)
+                    context.set_code(_gone_code(context))
                 raise
             finally:
                 self._record(labels, context, start, failed)
 
         return stream
+
+
+def _gone_code(context: grpc.ServicerContext) -> grpc.StatusCode:
+    """The code of an RPC whose client went away before the servicer finished: DEADLINE_EXCEEDED
+    once its deadline has passed, else CANCELLED."""
+    remaining = context.time_remaining()
+    return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
 
 
 class TokenRate:

@@ -363,7 +363,11 @@ def _sdpa_suffixes_batched(qb: Tensor, kb: Tensor, vb: Tensor, scale: float, pre
     if prefix > 0 and dev.type == "cpu":
         # a pad query (a copy of its suffix's last) sees pad keys only causally after every real
         # query: real rows never see a pad key, and dropped pad rows send back zero gradient
-        out = _SuffixAttention.apply(own(qb), kb[:, :, :prefix], vb[:, :, :prefix], own(kb), own(vb), scale)
+        parts = (own(qb), kb[:, :, :prefix], vb[:, :, :prefix], own(kb), own(vb))
+        if torch.is_autocast_enabled("cpu"):  # as autocast casts F.scaled_dot_product_attention's inputs (RoPE
+            dt = torch.get_autocast_dtype("cpu")  # leaves q, k in float32 beside a bf16 v); the raw op is not cast
+            parts = tuple(x.to(dt) for x in parts)
+        out = _SuffixAttention.apply(*parts, scale)
         return out.transpose(0, 1).flatten(1, 2)[:, real].unsqueeze(0)
 
     def keys(x: Tensor) -> Tensor:  # [G, H, P + S, D]: the prefix (broadcast) then the suffix's own
