@@ -1,7 +1,15 @@
 """Learner throughput and memory: shared-prefix groups, bf16 autocast and a bare transformers loop, side by side.
 
-    .venv/bin/python benchmarks/bench_learner.py --threads 2          # CPU cases -> docs/bench_learner.md + .json
-    .venv/bin/python benchmarks/bench_learner.py --quick --threads 2  # small workloads (smoke run)
+    .venv/bin/python benchmarks/bench_learner.py --threads 2 --subset 2   # CPU cases -> docs/bench_learner.md + .json
+    .venv/bin/python benchmarks/bench_learner.py --quick --threads 2      # small workloads (smoke run)
+    .venv/bin/python benchmarks/bench_learner.py --render-only            # the page again from the JSON
+
+Every mode runs `--warmup-rounds` (default 1) full-size rounds before its `--steps` timed ones:
+the first step at a workload's size pays one-off costs (on 2026-12-03 retail unshared_fp32 took
+141 s in round 1 and 91 s in round 2), which would otherwise count against whichever mode runs
+first. Warm-up rounds are recorded (`step_s_rounds`) but not counted. The page's generated block
+lies between two HTML comments; the hand-written text around it is kept, and so are the
+--mismatch run's figures in the JSON.
 
 One process per model (SmolLM2-135M, gpt-oss-mini) builds one `Learner` and runs every
 mode on the same model and the same tokens, alternating mode by mode within each round
@@ -220,7 +228,7 @@ def worker(case: dict, steps: int, quick: bool, only: list[str] | None, subset: 
             eff = G * (w["prefix"] + w["suffix"])
             rows.append(dict(
                 workload=wname, mode=m, prefix=w["prefix"], G=w["G"], timed_rollouts=G, suffix=w["suffix"], steps=steps,
-                effective_tokens=eff, step_s=sum(times[m]) / steps, tokens_per_s=eff * steps / sum(times[m]),
+                effective_tokens=eff, step_s=sum(times[m]) / steps, step_s_rounds=[round(t, 2) for t in times[m]], tokens_per_s=eff * steps / sum(times[m]),
                 peak_gib=peaks[m], precision=(auto.describe() if m.endswith("auto") else "fp32" if not m.startswith("bare")
                                               else ("bf16 autocast" if m == "bare_bf16" else "fp32")),
                 logprob_mismatch_mean=met.get("logprob_mismatch_mean"), logprob_mismatch_max=met.get("logprob_mismatch_max"),
@@ -287,9 +295,16 @@ def run_case(name: str, case: dict, steps: int, threads: int, quick: bool, only:
     return rows
 
 
+def step_s(row: dict) -> str:
+    """'97.5', or with several timed rounds their mean and each round: '97.5 (95.1, 99.9)'."""
+    rounds = row.get("step_s_rounds") or []
+    each = f" ({', '.join(f'{t:.1f}' for t in rounds)})" if len(rounds) > 1 else ""
+    return f"{row['step_s']:.1f}{each}"
+
+
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | workload | mode | precision | rollouts timed | effective tok/s | step s | vs unshared_fp32 | peak RSS GiB |",
+        "| model | workload | mode | precision | rollouts timed | effective tok/s | step s (each round) | vs unshared_fp32 | peak RSS GiB |",
         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     base = {(r["model"], r["workload"]): r["tokens_per_s"] for r in rows if r.get("mode") == "unshared_fp32"}
@@ -301,7 +316,7 @@ def table(rows: list[dict]) -> str:
         rel = f"{r['tokens_per_s'] / ref:.2f}×" if ref else "–"
         pk = "–" if r.get("peak_gib") is None else f"{r['peak_gib']:.2f}"
         lines.append(f"| {r['model']} | {r['workload']} ({r['prefix']} + {r['G']} × {r['suffix']}) | {r['mode']} | "
-                     f"{r['precision']} | {r.get('timed_rollouts', r['G'])} | {r['tokens_per_s']:.0f} | {r['step_s']:.1f} | {rel} | {pk} |")
+                     f"{r['precision']} | {r.get('timed_rollouts', r['G'])} | {r['tokens_per_s']:.0f} | {step_s(r)} | {rel} | {pk} |")
     return "\n".join(lines)
 
 
@@ -323,10 +338,52 @@ def ratios(rows: list[dict], model: str = "SmolLM2-135M") -> dict[str, float | N
     }
 
 
+def summarise(row: dict, warmup: int) -> dict:
+    """`row` with its step time and tokens/s over the rounds after the first `warmup`
+    (full-size warm-up rounds: the first step at a workload's size pays one-off costs, e.g.
+    retail unshared_fp32 141 s in round 1 and 91 s in round 2 on 2026-12-03). Rows without
+    per-round times (older records) are returned unchanged.
+
+    Raises:
+        SystemExit: `warmup` leaves no timed round.
+    """
+    rounds = row.get("step_s_rounds")
+    if "error" in row or not rounds:
+        return row
+    counted = rounds[warmup:]
+    if not counted:
+        raise SystemExit(f"--warmup-rounds {warmup} leaves no timed round of {len(rounds)} "
+                         f"({row.get('model')} {row.get('workload')} {row.get('mode')})")
+    mean = sum(counted) / len(counted)
+    return dict(row, step_s=mean, tokens_per_s=row["effective_tokens"] / mean, warmup_rounds=warmup,
+                timed_rounds=len(counted))
+
+
+def render(data: dict, out: Path) -> None:
+    """Writes the record `data` (the JSON's fields) as the generated block of the page `out`."""
+    warmup = data.get("warmup_rounds", 0)
+    rounds = (f"{data['steps']} timed round(s) per workload after {warmup} full-size warm-up round(s) "
+              f"(each round's time in brackets, the warm-up's first; not counted)" if warmup else
+              f"{data['steps']} timed round(s) per workload after a small warm-up")
+    load0, load1 = data["load_avg_start"], data["load_avg_end"]
+    header = (
+        f"## {data['device']}, torch {data['torch']}\n\n"
+        f"{data['date']}; {rounds}, modes alternating in one process, "
+        f"unshared/bare modes timed on {data.get('subset') or 'all'} rollout(s) per group, "
+        f"{data['threads']} CPU thread(s); load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end.\n\n"
+    )
+    rat_md = "\n".join(f"- `{k}`: {'–' if v is None else f'{v:.2f}'}" for k, v in data["ratios"].items())
+    write_results(out, header + table(data["rows"]) + "\n\nRatios (SmolLM2-135M):\n\n" + rat_md + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--steps", type=int, default=1, help="timed rounds per workload (after one small warm-up)")
+    p.add_argument("--steps", type=int, default=1, help="timed rounds per workload")
+    p.add_argument("--warmup-rounds", type=int, default=1,
+                   help="full-size rounds of every mode before the timed ones, recorded but not counted")
+    p.add_argument("--render-only", action="store_true",
+                   help="rewrite --out from the record in --json (with --warmup-rounds: count the rounds after them)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads per worker")
     p.add_argument("--models", default="", help="comma-separated subset of the model names")
     p.add_argument("--only", default="", help="comma-separated subset of the modes")
@@ -365,6 +422,15 @@ def main() -> None:
         data["logprob_mismatch"] = rows
         path.write_text(json.dumps(data, indent=1) + "\n")
         return
+    if args.render_only:
+        data = json.loads(Path(args.json).read_text())
+        data["rows"] = [summarise(r, args.warmup_rounds) for r in data["rows"]]
+        data.update(ratios=ratios(data["rows"]), warmup_rounds=args.warmup_rounds,
+                    steps=min((r.get("timed_rounds", data["steps"]) for r in data["rows"] if "error" not in r),
+                              default=data["steps"]))
+        write_record(Path(args.json), data)
+        render(data, Path(args.out))
+        return
     import torch
 
     from learner_service.model import cpu_has_fast_bf16
@@ -374,29 +440,44 @@ def main() -> None:
     rows: list[dict] = []
     for name, c in cases(args.quick).items():
         if not wanted or name in wanted:
-            rows += run_case(name, c, args.steps, args.threads, args.quick, only, args.subset or None,
+            rows += run_case(name, c, args.warmup_rounds + args.steps, args.threads, args.quick, only, args.subset or None,
                              [x for x in args.workloads.split(",") if x] or None)
     load1 = os.getloadavg()
     device = f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), fast bf16: {cpu_has_fast_bf16()}"
-    body = table(rows)
-    print(body)
-    rat = ratios(rows)
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    Path(args.json).write_text(json.dumps(dict(
-        date=stamp, device=device, torch=torch.__version__, threads=args.threads, steps=args.steps, quick=args.quick,
-        subset=args.subset or None,
-        load_avg_start=load0, load_avg_end=load1, rows=rows, ratios=rat), indent=1) + "\n")
-    header = (
-        f"## {device}, torch {torch.__version__}\n\n"
-        f"{stamp}; {args.steps} timed round(s) per workload after a small warm-up, modes alternating in one process, "
-        f"unshared/bare modes timed on {args.subset or 'all'} rollout(s) per group, "
-        f"{args.threads} CPU thread(s); load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end (shared machine).\n\n"
-    )
-    rat_md = "\n".join(f"- `{k}`: {'–' if v is None else f'{v:.2f}'}" for k, v in rat.items())
-    out = Path(args.out)
-    text = out.read_text() if out.exists() else ""
-    keep = text.split("\n## ")[0] if text.startswith("# Learner benchmark") else "# Learner benchmark\n"
-    out.write_text(keep.rstrip() + "\n\n" + header + body + "\n\nRatios (SmolLM2-135M):\n\n" + rat_md + "\n")
+    rows = [summarise(r, args.warmup_rounds) for r in rows]
+    print(table(rows))
+    data = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), device=device, torch=torch.__version__,
+                threads=args.threads, steps=args.steps, warmup_rounds=args.warmup_rounds, quick=args.quick,
+                subset=args.subset or None, load_avg_start=load0, load_avg_end=load1, rows=rows, ratios=ratios(rows))
+    write_record(Path(args.json), data)
+    render(data, Path(args.out))
+
+
+def write_record(path: Path, record: dict) -> None:
+    """Writes the throughput run's `record` to `path`, keeping the --mismatch run's keys
+    (``logprob_mismatch*``) of the file already there: a throughput run does not measure them."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    data = {k: v for k, v in old.items() if k.startswith("logprob_mismatch")}
+    data.update(record)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+#: The generated part of the page lies between these markers; the text around it (the
+#: reading of the numbers, exactness, mismatch, GPU sections) is written by hand and kept.
+BEGIN, END = "<!-- bench_learner: generated results begin -->", "<!-- bench_learner: generated results end -->"
+
+
+def write_results(out: Path, results: str) -> None:
+    """Replaces the generated block of `out` (between BEGIN and END) with `results`, keeping
+    the rest; a page without the markers gets them appended (a new page: a title first)."""
+    text = out.read_text() if out.exists() else "# Learner benchmark\n"
+    block = f"{BEGIN}\n{results.rstrip()}\n{END}"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    out.write_text(text)
 
 
 if __name__ == "__main__":
