@@ -213,12 +213,21 @@ def plot_learning_curves(records: list[dict], out_dir: str | Path) -> list[Path]
 
 
 def summary_table(records: list[dict], title: str = "SinkFlex-RL run"):
-    """A rich Table of the training and validation records, one row per step."""
+    """A rich Table of the training and validation records: one row per RL step, with the
+    validation of the policy version that step produced, and first a row for each validation
+    of a version no step produced (the base model v0, the warm start).
+
+    Validations are matched by policy version (a "val" record's `policy_version`, else its
+    step, which is the version), train rows by the version they produced (`policy_version`;
+    a record without one, by its step). A validation no row matches gets a row of its own,
+    before the steps or after them.
+    """
     from rich.table import Table
 
     table = Table(title=title)
     cols = [
         ("step", "train", "step"),
+        ("version", "train", "policy_version"),
         ("reward mean", "train", "reward_mean"),
         ("loss", "train", "loss"),
         ("kl", "train", "kl"),
@@ -229,13 +238,28 @@ def summary_table(records: list[dict], title: str = "SinkFlex-RL run"):
     for header, _, _ in cols:
         table.add_column(header, justify="right")
     table.add_column("val mean@1 [95% CI]", justify="right")
-    val = {r["step"]: r for r in records if r.get("kind") == "val"}
-    for r in [r for r in records if r.get("kind") == "train"]:
+    val = {int(r.get("policy_version", r["step"])): r for r in records if r.get("kind") == "val"}
+    train = [r for r in records if r.get("kind") == "train"]
+    # the version a train row's validation is of: the one it produced (older records: its step)
+    keys = [int(r["policy_version"] if r.get("policy_version") is not None else r["step"]) for r in train]
+
+    def val_row(version):
+        v = val[version]
+        return ["-", str(version), *["-"] * (len(cols) - 2),
+                f"{v['mean_at_1']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"]
+
+    unmatched = sorted(set(val) - set(keys))
+    first = min(keys, default=None)
+    for version in [v for v in unmatched if first is None or v < first]:
+        table.add_row(*val_row(version))
+    for r, key in zip(train, keys):
         cells = []
         for _, _, name in cols:
             v = r.get(name)
-            cells.append("-" if v is None else (f"{int(v)}" if name in ("step", "groups") else f"{v:.4g}"))
-        v = val.get(r["step"])
+            cells.append("-" if v is None else (f"{int(v)}" if name in ("step", "groups", "policy_version") else f"{v:.4g}"))
+        v = val.get(key)
         cells.append("-" if v is None else f"{v['mean_at_1']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]")
         table.add_row(*cells)
+    for version in [v for v in unmatched if first is not None and v > first]:
+        table.add_row(*val_row(version))
     return table

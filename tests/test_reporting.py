@@ -98,3 +98,25 @@ def test_metrics_keep_ints_as_ints(tmp_path):
     assert '"policy_version": 4,' in line and '"tasks": 64,' in line and '"ci_low": 1}' in line
     record = json.loads(line)
     assert type(record["policy_version"]) is int and type(record["mean_at_1"]) is float and record["step"] == 3
+
+
+def test_summary_table_puts_each_validation_on_the_step_that_produced_its_version():
+    """Warm start = v1, RL step s produces v(s + 1): the warm start's validation is its own row
+    (before the steps), step 4's is on the row of step 4, step 8's on step 8's (it used to
+    land on step 5's row and drop off the end: validations were keyed by version, rows by step)."""
+    from rich.console import Console
+
+    records = [dict(kind="val", step=0, policy_version=0, mean_at_1=0.0, ci_low=0.0, ci_high=0.0),
+               dict(kind="val", step=1, policy_version=1, mean_at_1=0.25, ci_low=0.17, ci_high=0.33)]
+    records += [dict(kind="train", step=s, policy_version=s + 1, reward_mean=0.5, loss=0.1, groups=10) for s in range(1, 9)]
+    records += [dict(kind="val", step=5, policy_version=5, mean_at_1=0.414, ci_low=0.3, ci_high=0.5),
+                dict(kind="val", step=9, policy_version=9, mean_at_1=0.547, ci_low=0.45, ci_high=0.65)]
+    table = summary_table(records)
+    assert table.row_count == 2 + 8
+    console = Console(width=200, record=True)
+    console.print(table)
+    lines = [line for line in console.export_text().splitlines() if "│" in line]
+    rows = {tuple(c.strip() for c in line.split("│")[1:3]): line for line in lines}
+    assert "0.000 [0.000, 0.000]" in rows[("-", "0")] and "0.250 [0.170, 0.330]" in rows[("-", "1")]
+    assert "0.414" in rows[("4", "5")] and "0.547" in rows[("8", "9")]
+    assert "0.414" not in rows[("5", "6")] and "0.250" not in rows[("1", "2")]
