@@ -136,6 +136,28 @@ def exit_description(returncode: int) -> str:
     return f"exit {returncode}"
 
 
+#: Added to a SIGKILL nobody in the run sent: on a machine short of memory it is the kernel's OOM killer.
+OOM_HINT = "likely the kernel's OOM killer (`dmesg | grep -i oom`): free memory first"
+
+
+def zombie_exit_description(pid: int) -> str:
+    """How a zombie process `pid` that is not our child ended, read from the exit-status field
+    of /proc/<pid>/stat (the last field, the waitpid(2) status; Linux >= 3.5, proc(5)):
+    `zombie, signal SIGKILL: <OOM_HINT>`, `zombie, exit 1`, or `zombie` when unreadable."""
+    try:
+        status = int(Path(f"/proc/{pid}/stat").read_text().rsplit(None, 1)[-1])
+    except (OSError, ValueError, IndexError):
+        return "zombie"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"zombie, signal {name}" + (f": {OOM_HINT}" if sig == signal.SIGKILL else "")
+    return f"zombie, exit {os.WEXITSTATUS(status)}"
+
+
 #: What each launched process is called in a message (its `ManagedProcess.name` otherwise).
 LABELS = {"env": "env service", "reward": "reward service", "rollout": "rollout service", "learner": "learner (torchrun)",
           "user_sim": "user simulator", "engine": "vLLM engine of the rollout service", "learner_rank": "learner rank",
@@ -297,8 +319,9 @@ class LocalLauncher:
             if p.proc is not None and p.proc.poll() is not None:
                 where = f" (log: {p.log_path})" if p.log_path else ""
                 # torchrun exits 1 when a rank dies: name the rank's own signal when we know it
+                oom = f"; {OOM_HINT}" if p.proc.returncode == -signal.SIGKILL else ""
                 return (f"{LABELS.get(p.name, p.name)} (pid {p.proc.pid}) died ({exit_description(p.proc.returncode)})"
-                        f"{self._rank_note(p)}{where}; {RESUME_HINT}")
+                        f"{self._rank_note(p)}{where}{oom}; {RESUME_HINT}")
         try:
             import psutil
         except ImportError:  # pragma: no cover
@@ -315,7 +338,7 @@ class LocalLauncher:
                 parent = self._exiting_parent(pid, label)
                 if parent is not None:  # the service is stopping (e.g. SIGTERM) and took its child with it
                     return parent
-                return f"{label} (pid {pid}) died (zombie); {RESUME_HINT}"
+                return f"{label} (pid {pid}) died ({zombie_exit_description(pid)}); {RESUME_HINT}"
         now = time.monotonic()
         for name, pid in self.pids().items():
             if name == "driver":

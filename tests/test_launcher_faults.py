@@ -26,9 +26,42 @@ def test_dead_process_is_named_with_pid_and_signal(tmp_path):
         message = launcher.diagnose(settle_s=5.0)
         assert message is not None
         assert message.startswith(f"reward service (pid {reward.proc.pid}) died (exit -9, signal SIGKILL)")
+        assert "OOM killer" in message  # a SIGKILL nobody in the run sent: say where to look
         assert message.endswith("re-run the same command to resume") and "\n" not in message
         with pytest.raises(ServiceDied, match="reward service"):
             launcher.check_alive()
+
+
+def test_a_watched_zombie_is_named_with_how_it_ended(tmp_path):
+    """A watched process that is not our child (a learner rank under torchrun) and became a
+    zombie: the message reads its exit status from /proc/<pid>/stat (the walkthrough's OOM-killed
+    rank was reported as only 'died (zombie)')."""
+    import subprocess
+
+    with LocalLauncher(tmp_path) as launcher:
+        killed = subprocess.Popen(SLEEP)  # left unreaped below: a zombie, as under a busy torchrun
+        exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        try:
+            launcher.watch("learner_rank_0", killed.pid)
+            os.kill(killed.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while launcher.diagnose() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            message = launcher.diagnose()
+            assert message.startswith(f"learner rank (pid {killed.pid}) died (zombie, signal SIGKILL: likely the "
+                                      "kernel's OOM killer")
+            assert message.endswith("re-run the same command to resume") and "\n" not in message
+            launcher.watched.pop("learner_rank_0")
+            launcher.watch("learner_rank_1", exited.pid)
+            deadline = time.monotonic() + 10
+            while launcher.diagnose() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert launcher.diagnose() == (f"learner rank (pid {exited.pid}) died (zombie, exit 3); "
+                                           "re-run the same command to resume")
+        finally:
+            for proc in (killed, exited):
+                proc.kill()
+                proc.wait()
 
 
 def test_watched_and_frozen_processes_are_named(tmp_path):
