@@ -208,6 +208,8 @@ class LearnerConfig(StrictModel):
     publish_every: int = Field(1, ge=1)
     """Steps between published policy versions (<run_dir>/policy/v{N} + UpdateWeights)."""
     keep_policies: int = Field(3, ge=1)
+    """Policy versions kept in <run_dir>/policy/: the newest `keep_policies`, plus the warm
+    start's version (the reference policy), which is never pruned; older ones are deleted."""
     rollout_address: str | None = None
     """host:port of the RolloutService to call UpdateWeights on; None: only write the folder."""
     tensorboard: bool = True
