@@ -3,7 +3,9 @@
 ``<run_dir>/policy/v<N>/`` holds the weights as safetensors with config.json (and the
 tokenizer when the model came from a folder that has one), loadable with
 ``AutoModelForCausalLM.from_pretrained`` and by vLLM. The folder is written under a
-temporary name and renamed into place, so a reader never sees a half-written version.
+temporary name and renamed into place, so a reader never sees a half-written version. Every
+file in it gets the mode a plain ``open()`` gives (0644 under umask 022): safetensors 0.8
+writes ``model.safetensors`` through a private (0600) temporary file of its own.
 Then, when a rollout address is configured, ``UpdateWeights(policy_version=N,
 location=<folder>)`` is called; a failed call is logged and returned, never fatal (the
 rollout service can catch up with `PolicyVersion`).
@@ -15,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +61,7 @@ def publish_policy(learner: Learner, timeout_s: float = 600.0) -> Published:
         src = learner.cfg.model.path
         if src is not None:
             _copy_tokenizer(Path(src), tmp)
+        _usual_file_modes(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -85,6 +89,25 @@ def _copy_tokenizer(src: Path, out: Path) -> None:
         AutoTokenizer.from_pretrained(src).save_pretrained(out)
     if (src / "generation_config.json").is_file():
         shutil.copy2(src / "generation_config.json", out / "generation_config.json")
+
+
+def _usual_file_modes(folder: Path) -> None:
+    """Gives every file under `folder` the mode a file created there with a plain `open()` gets
+    (0o666 less the process umask). safetensors >= 0.8 saves through a temporary file created
+    0600 and renamed into place (safetensors/safetensors#782), so `model.safetensors` would be
+    the one file of a published version that other users (a vLLM server run as another user)
+    cannot read. The mode is read from a probe file rather than with `os.umask`, which would
+    change the umask of the whole process for a moment."""
+    probe = folder / f".mode-probe-{os.getpid()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+        probe.unlink()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:
+            os.chmod(path, mode)
 
 
 def _fix_architectures(config_json: Path, arch_name: str) -> None:

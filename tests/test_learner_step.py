@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,6 +161,31 @@ def test_published_policy_loads_with_from_pretrained(tmp_path):
     learner.model.eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, learner.model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_published_files_have_the_mode_of_a_plain_open(tmp_path, umask):
+    """Every file of a published version, model.safetensors included (safetensors 0.8 writes it
+    through a 0600 temporary file), has the mode a file made with plain open() gets."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        learner = Learner(learner_config(tmp_path, TINY_LLAMA), metrics=False)
+        pub = publish_policy(learner)
+        plain = tmp_path / "plain.txt"
+        with open(plain, "w") as fh:
+            fh.write("x")
+    finally:
+        os.umask(old)
+    want = stat.S_IMODE(plain.stat().st_mode)
+    assert want == 0o666 & ~umask
+    files = {p.relative_to(pub.location).as_posix(): stat.S_IMODE(p.stat().st_mode)
+             for p in Path(pub.location).rglob("*") if p.is_file()}
+    assert "model.safetensors" in files and "config.json" in files
+    assert files == {name: want for name in files}, {name: oct(m) for name, m in files.items()}
+    assert not [p.name for p in Path(pub.location).iterdir() if p.name.startswith(".mode-probe")]
 
 
 @pytest.mark.parametrize("arch", [TINY_GPT_OSS, TINY_LLAMA], ids=["gpt_oss", "llama"])
