@@ -251,6 +251,8 @@ def run_fault(process: str, action: str, root: Path, policy: str, steps: int = 3
             resumed = "resuming at policy version" in second
             outcome += "; re-run " + ("resumed and finished" if resumed else "finished (did not say it resumed)")
             row["named"] = named
+            # the stop's stopped.json is renamed as the re-run starts: the finished folder does not claim it stopped
+            row["stop_set_aside"] = not (run_dir / "stopped.json").exists() and any(run_dir.glob("stopped-*.json"))
         inv = check_invariants(run_dir, steps, cfg["rollout"]["group_size"])
         if not inv["consistent"]:
             outcome += " [INCONSISTENT version/checkpoint]"
@@ -321,7 +323,10 @@ What each outcome means: the driver checks the launched processes (and the ones 
 the rollout service's vLLM engine process, the learner's rank, the embedded Redis) whenever it
 waits and after a failed call; a dead one, or one stopped for over 30 s (the poll deadline),
 ends the run with one line naming it, its pid and exit status, exit code 3, after stopping the
-others (the learner checkpoints; ranks that outlive a killed torchrun get its SIGTERM too). A
+others (the learner checkpoints; ranks that outlive a killed torchrun get its SIGTERM too). The
+run folder then holds `stopped.json` (that line, the error, the time); the re-run renames it to
+`stopped-<UTC time of the stop>.json` as it starts, so a run that resumes and finishes has no
+`stopped.json` and the stop's record is kept. A
 restarted learner takes back the groups delivered to its previous incarnation at once (they are
 trained, or dropped as stale and counted), not after `buffer.claim_idle_ms`. A dead vLLM engine
 turns the rollout service NOT_SERVING (health, Status, Rollout: UNAVAILABLE). Nothing is

@@ -33,7 +33,9 @@ def train(
     field, when the config or an override is invalid (`sinkflex-rl config show` prints the
     resolved config without training); exits 3 with one line naming the process when a
     launched process (the rollout's engine, a learner rank, the embedded Redis) dies or stays
-    frozen: re-run the same command to resume.
+    frozen: re-run the same command to resume. Such a stop leaves `stopped.json` in the run
+    folder (that line, the error, the time); the next run in that folder renames it to
+    stopped-<UTC time of the stop>.json as it starts, so a run that finishes leaves none.
     """
     import dataclasses
     import json
@@ -72,6 +74,7 @@ def train(
         raise typer.Exit(2) from None
     run_dir = cfg.run.dir()
     run_dir.mkdir(parents=True, exist_ok=True)
+    set_aside_stopped(run_dir)  # a previous stop's stopped.json does not describe this run
     interrupted = False
     stopped: str | None = None  # a launched process died or froze: its one-line message
 
@@ -170,3 +173,30 @@ def train(
     console.print(f"run folder: {run_dir}  plots: {', '.join(p.name for p in plots)}")
     if interrupted:
         raise typer.Exit(130)
+
+
+def set_aside_stopped(run_dir: Path) -> Path | None:
+    """Renames the run folder's ``stopped.json`` (a previous run stopped with an error: its
+    message, error and time) to ``stopped-<UTC time of that stop>.json``, so that the folder of a
+    run that resumes and finishes does not claim it stopped, while the stop's record is kept.
+
+    Returns:
+        the new path, or None when there was no stopped.json.
+    """
+    import json
+    import time
+
+    path = run_dir / "stopped.json"
+    if not path.is_file():
+        return None
+    try:
+        when = time.gmtime(float(json.loads(path.read_text())["time"]))
+    except (OSError, ValueError, TypeError, KeyError, OverflowError):  # unreadable or not ours: the file's time
+        when = time.gmtime(path.stat().st_mtime)
+    name = "stopped-" + time.strftime("%Y%m%dT%H%M%SZ", when)
+    target, n = run_dir / f"{name}.json", 1
+    while target.exists():
+        target, n = run_dir / f"{name}-{n}.json", n + 1
+    path.rename(target)
+    log.info("the previous run's stopped.json is now %s", target.name)
+    return target
