@@ -77,7 +77,14 @@ def test_a_resumed_run_that_finishes_sets_the_stop_aside(tmp_path, monkeypatch):
     kept = sorted(run_dir.glob("stopped-*.json"))
     assert [p.name for p in kept] == [time.strftime("stopped-%Y%m%dT%H%M%SZ.json", time.gmtime(stop["time"]))]
     assert json.loads(kept[0].read_text()) == stop
-    assert json.loads((run_dir / "summary.json").read_text())["interrupted"] is False
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is False
+    # both sessions counted: the stopped one and the resumed one (wall_seconds is the last alone)
+    sessions = [json.loads(line) for line in (run_dir / "sessions.jsonl").read_text().splitlines()]
+    assert [x["outcome"] for x in sessions] == ["stopped", "finished"] and summary["sessions"] == 2
+    assert summary["wall_seconds_all_sessions"] == pytest.approx(sum(x["wall_seconds"] for x in sessions), abs=0.11)
+    assert summary["wall_seconds_all_sessions"] >= summary["wall_seconds"]
+    assert summary["groups_trained"] == 0  # the fake controller trained nothing
 
 
 def test_set_aside_names_the_stop_time_and_keeps_earlier_stops(tmp_path):
@@ -100,3 +107,15 @@ def test_a_stopped_json_without_a_readable_time_is_named_by_its_mtime(tmp_path, 
     os.utime(path, (1_780_000_000, 1_780_000_000))
     out = set_aside_stopped(tmp_path)
     assert out == tmp_path / "stopped-20260528T202640Z.json" and out.read_text() == body
+
+
+def test_sessions_accumulate_and_a_bad_line_is_skipped(tmp_path):
+    from driver.commands.train import append_session
+
+    start = time.time() - 10
+    assert [x["outcome"] for x in append_session(tmp_path, start, "stopped")] == ["stopped"]
+    with (tmp_path / "sessions.jsonl").open("a") as f:
+        f.write("{not json\n[1]\n")
+    sessions = append_session(tmp_path, start, "finished")
+    assert [x["outcome"] for x in sessions] == ["stopped", "finished"]
+    assert all(x["wall_seconds"] >= 10 for x in sessions)

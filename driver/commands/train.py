@@ -36,6 +36,9 @@ def train(
     frozen: re-run the same command to resume. Such a stop leaves `stopped.json` in the run
     folder (that line, the error, the time); the next run in that folder renames it to
     stopped-<UTC time of the stop>.json as it starts, so a run that finishes leaves none.
+    Each session (the first run, each resume) is a line of `sessions.jsonl`; summary.json
+    gives this session's `wall_seconds` and `groups_published`, and every session's
+    `wall_seconds_all_sessions` and `groups_trained`.
     """
     import dataclasses
     import json
@@ -129,6 +132,7 @@ def train(
             fail(message)
             (run_dir / "stopped.json").write_text(json.dumps({"message": message, "error": f"{type(err).__name__}: "
                                                               f"{str(err)[:2000]}", "time": time.time()}, indent=1))
+            append_session(run_dir, t_start, "stopped")
             stopped = message
         finally:
             controller.close()
@@ -139,10 +143,14 @@ def train(
     records = read_metrics(run_dir)
     train_records = [r for r in records if r["kind"] == "train"]
     validations = read_validations(run_dir)
+    sessions = append_session(run_dir, t_start, "interrupted" if interrupted else "finished")
     summary = {
-        "wall_seconds": round(time.time() - t_start, 1),
+        "wall_seconds": round(time.time() - t_start, 1),  # this session (a resumed run: since the re-run)
+        "wall_seconds_all_sessions": round(sum(x["wall_seconds"] for x in sessions), 1),
+        "sessions": len(sessions),
         "policy_version": int(max((r.get("policy_version", r["step"]) for r in train_records), default=0)),
-        "groups_published": controller.groups_published,
+        "groups_published": controller.groups_published,  # this session
+        "groups_trained": int(sum(r.get("groups", 0) for r in train_records)),  # every session's train steps
         "interrupted": interrupted,
         "train_steps": len(train_records),
         "last_loss": train_records[-1].get("loss") if train_records else None,
@@ -173,6 +181,28 @@ def train(
     console.print(f"run folder: {run_dir}  plots: {', '.join(p.name for p in plots)}")
     if interrupted:
         raise typer.Exit(130)
+
+
+def append_session(run_dir: Path, started: float, outcome: str) -> list[dict]:
+    """Appends this session of the run (a `train` command in its run folder: the first, or a
+    re-run that resumed) to ``<run_dir>/sessions.jsonl`` and returns every session so far:
+    ``{"started": Unix time s, "wall_seconds": s, "outcome": "finished" | "interrupted" |
+    "stopped"}``. summary.json sums them (``wall_seconds_all_sessions``); a session that
+    ended in an uncaught exception is not recorded. A line that does not parse is skipped."""
+    import json
+    import time
+
+    path = run_dir / "sessions.jsonl"
+    record = {"started": round(started, 3), "wall_seconds": round(time.time() - started, 1), "outcome": outcome}
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    sessions = []
+    for line in path.read_text().splitlines():
+        try:
+            sessions.append(json.loads(line))
+        except ValueError:
+            continue
+    return [x for x in sessions if isinstance(x, dict) and isinstance(x.get("wall_seconds"), (int, float))]
 
 
 def set_aside_stopped(run_dir: Path) -> Path | None:
