@@ -162,6 +162,9 @@ def read_yaml(path: str | Path) -> dict:
     except UnicodeDecodeError as err:
         raise ConfigError(f"config {path} is not UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
+        for mark in (getattr(err, "context_mark", None), getattr(err, "problem_mark", None)):
+            if mark is not None:  # PyYAML names a str's marks "<unicode string>": the file instead
+                mark.name = str(path)
         raise ConfigError(f"config {path} is not valid YAML: {err}") from None
     if data is None:
         raise ConfigError(f"config {path} is empty (no YAML document): write the sections to set, or {{}} for every "

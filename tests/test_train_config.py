@@ -124,8 +124,9 @@ def test_missing_and_non_yaml_files(tmp_path):
         load_train_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("run: [unclosed\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML") as err:
         load_train_config(bad)
+    assert f'in "{bad}", line' in str(err.value) and "<unicode string>" not in str(err.value)  # the file, located
     with pytest.raises(ConfigError, match="is a directory"):
         load_train_config(tmp_path)
     binary = tmp_path / "bin.yaml"
