@@ -283,6 +283,12 @@ TaskConfig.model_rebuild()
 class TrainConfig(StrictModel):
     """The whole experiment (see the module docstring)."""
 
+    @classmethod
+    def config_json_schema(cls) -> dict[str, Any]:
+        """The experiment file's schema, service sections included (`experiment_schema`): what
+        `sinkflex.config.describe_errors` looks up to suggest a field for a misspelt one."""
+        return experiment_schema()
+
     run: RunConfig = RunConfig()
     task: TaskConfig = TaskConfig()
     rollout: RolloutSettings = RolloutSettings()

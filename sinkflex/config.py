@@ -7,10 +7,11 @@ should be greater than or equal to 0``.
 
 from __future__ import annotations
 
+import difflib
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,21 +67,77 @@ def validate_config(data: Any, model: type[T], source: str = "<config>") -> T:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"invalid config {source}:\n" + describe_errors(err)) from None
+        raise ConfigError(f"invalid config {source}:\n" + describe_errors(err, lambda: config_json_schema(model))) from None
     except RecursionError:
         raise ConfigError(f"invalid config {source}: nested too deeply") from None
 
 
-def describe_errors(err: ValidationError) -> str:
+def config_json_schema(model: type[BaseModel]) -> dict:
+    """`model`'s JSON schema for error messages: its ``config_json_schema()`` classmethod when
+    it has one (an experiment config whose sections are typed at load), else pydantic's."""
+    custom = getattr(model, "config_json_schema", None)
+    return custom() if callable(custom) else model.model_json_schema()
+
+
+def _field_names_at(schema: dict, path: Sequence[Any]) -> list[str]:
+    """The property names of the object at `path` (a pydantic error's location, less its last
+    part) in the JSON `schema`, following local ``$ref``s, ``anyOf`` branches, ``items`` for a
+    list index and ``additionalProperties`` for a mapping's key; [] where the path leaves it."""
+    def pointer(ref: str) -> dict:  # a local JSON pointer, e.g. #/properties/learner/$defs/OptimConfig
+        node: Any = schema
+        for key in ref.removeprefix("#").strip("/").split("/"):
+            node = node.get(key.replace("~1", "/").replace("~0", "~"), {}) if isinstance(node, dict) else {}
+        return node if isinstance(node, dict) else {}
+
+    def objects(node: dict, depth: int = 0) -> list[dict]:
+        if depth > 32:  # a recursive schema
+            return []
+        if "$ref" in node:
+            return objects(pointer(node["$ref"]), depth + 1)
+        out = [node] if "properties" in node or "items" in node or "additionalProperties" in node else []
+        for branch in node.get("anyOf", []) + node.get("allOf", []):
+            out += objects(branch, depth + 1)
+        return out
+
+    nodes = objects(schema)
+    for part in path:
+        nxt = []
+        for node in nodes:
+            if isinstance(part, int) and isinstance(node.get("items"), dict):
+                nxt += objects(node["items"])
+            elif str(part) in node.get("properties", {}):
+                nxt += objects(node["properties"][str(part)])
+            elif isinstance(node.get("additionalProperties"), dict):
+                nxt += objects(node["additionalProperties"])
+        nodes = nxt
+    return sorted({name for node in nodes for name in node.get("properties", {})})
+
+
+def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = None) -> str:
     """One indented line per error of `err`: ``  dotted.path: message``; a rule between fields
     (a model validator's ValueError, no location of its own) as its message alone, which names
-    the fields."""
+    the fields. With `schema` (called once, only if needed: the config's JSON schema), an
+    unknown field gets the closest known name at its place (`difflib.get_close_matches`):
+    ``rollout.group_sise: Extra inputs are not permitted (did you mean 'group_size'?)``."""
+    cache: list[dict] = []
+
+    def hint(e) -> str:
+        if schema is None or e["type"] != "extra_forbidden" or not e["loc"]:
+            return ""
+        try:
+            if not cache:
+                cache.append(schema())
+            names = _field_names_at(cache[0], e["loc"][:-1])
+        except Exception:  # noqa: BLE001 - a suggestion never hides the error itself
+            return ""
+        close = difflib.get_close_matches(str(e["loc"][-1]), names, n=1, cutoff=0.7)
+        return f" (did you mean {close[0]!r}?)" if close else ""
 
     def line(e) -> str:
         where = ".".join(_bounded(str(p), 80) for p in e["loc"])
         if not where and e["type"] == "value_error":
             return "  " + _bounded(e["msg"].removeprefix("Value error, "), 500)
-        return f"  {where or '<root>'}: {_bounded(e['msg'], 500)}"
+        return f"  {where or '<root>'}: {_bounded(e['msg'], 500)}{hint(e)}"
 
     errors = err.errors()
     lines = [line(e) for e in errors[:MAX_ERRORS_SHOWN]]

@@ -278,3 +278,26 @@ def test_run_name_is_one_folder_name(tmp_path, name):
     """run.name becomes runs/<name>: an empty name, a path or a 101-character name is refused."""
     with pytest.raises(ConfigError, match=r"run\.name: String should match pattern"):
         load_train_config(_write(tmp_path, {"run": {"name": name}}))
+
+
+@pytest.mark.parametrize(("override", "line"), [
+    ("rollout.group_sise=4", "rollout.group_sise: Extra inputs are not permitted (did you mean 'group_size'?)"),
+    ("learner.optim.lrr=1e-5", "learner.optim.lrr: Extra inputs are not permitted (did you mean 'lr'?)"),
+    ("rollout_service.engine.dtyp=auto", "rollout_service.engine.dtyp: Extra inputs are not permitted (did you mean 'dtype'?)"),
+    ("learenr.optim.lr=1e-5", "learenr: Extra inputs are not permitted (did you mean 'learner'?)"),
+    ("zzz=1", "zzz: Extra inputs are not permitted\n"),  # nothing close: no suggestion
+])
+def test_an_unknown_field_gets_the_closest_known_name(override, line):
+    """A misspelt field, in a job section, a service section (typed at load) or at the top, is
+    named with the closest field at its place (the experiment's schema, difflib)."""
+    with pytest.raises(ConfigError) as err:
+        load_train_config(ROOT / "configs" / "demo.yaml", overrides=[override])
+    assert "  " + line in str(err.value) + "\n"
+
+
+def test_a_service_config_suggests_too():
+    from learner_service.config import LearnerConfig
+    from sinkflex.config import validate_config
+
+    with pytest.raises(ConfigError, match=r"optim\.weight_decy: Extra inputs are not permitted \(did you mean 'weight_decay'\?\)"):
+        validate_config({"run_dir": "/tmp/x", "model": {"path": "/tmp/m"}, "optim": {"weight_decy": 0.1}}, LearnerConfig)
