@@ -297,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--release", default="release-name", metavar="NAME", help="release name (default: release-name)")
     p.add_argument("--namespace", "-n", default=os.environ.get("HELM_NAMESPACE") or "default", metavar="NS",
                    help="release namespace (default: $HELM_NAMESPACE or default)")
-    p.add_argument("--output-dir", type=Path, metavar="DIR", help="write each template's manifests under DIR")
+    p.add_argument("--output-dir", metavar="DIR", help="write each template's manifests under DIR")
     p.add_argument("--skip-tests", action="store_true", help="leave the chart's test hooks out")
     p.add_argument("--lint", action="store_true", help="run `helm lint` on the chart with these values instead")
     p.add_argument("--strict", action="store_true", help="with --lint: fail on lint warnings too")
@@ -305,7 +305,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str] | None = None) -> int:
-    a = parser().parse_args(argv)
+    p = parser()
+    a = p.parse_args(argv)
+    if a.output_dir is not None:  # Path("") would be the current directory
+        if not a.output_dir.strip():
+            p.error("--output-dir: an empty path (leave the option out to print the manifests)")
+        a.output_dir = Path(a.output_dir)
     chart = a.chart if a.chart is not None else DEFAULT_CHART
     try:
         try:
@@ -321,6 +326,8 @@ def run(argv: list[str] | None = None) -> int:
             manifests, hooks = render(str(chart), values, a.release, a.namespace, a.skip_tests)
         except helm.HelmError as e:
             raise Failure(e.detail or str(e)) from None
+        except RecursionError:  # the SDK's JSON round trip of a values file nested ~1,000 deep
+            raise Failure("the values are nested too deeply to be chart values") from None
         if a.output_dir is not None:
             write_output_dir(a.output_dir, manifests, hooks)
         else:

@@ -130,11 +130,14 @@ def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = No
             names = _field_names_at(cache[0], e["loc"][:-1])
         except Exception:  # noqa: BLE001 - a suggestion never hides the error itself
             return ""
-        close = difflib.get_close_matches(str(e["loc"][-1]), names, n=1, cutoff=0.7)
+        name = str(e["loc"][-1])
+        if "[" in name:  # `--set a.list[0]=x`: no index syntax, not a misspelt field
+            return " (--set takes no [index]: set the whole list, e.g. field=[a, b])"
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.7)
         return f" (did you mean {close[0]!r}?)" if close else ""
 
     def line(e) -> str:
-        where = ".".join(_bounded(str(p), 80) for p in e["loc"])
+        where = ".".join(printable(_bounded(str(p), 80)) for p in e["loc"])
         if not where and e["type"] == "value_error":
             return "  " + _bounded(e["msg"].removeprefix("Value error, "), 500)
         return f"  {where or '<root>'}: {_bounded(e['msg'], 500)}{hint(e)}"
@@ -283,5 +286,16 @@ def load_config(path: str | Path, model: type[T], overrides: Sequence[str] = ())
 
 
 def describe_source(path: str | Path, overrides: Sequence[str] = ()) -> str:
-    """How errors name a config: the file, then each override (``x.yaml --set a.b=1``)."""
-    return " ".join([str(path), *(f"--set {a}" for a in overrides)])
+    """How errors name a config: the file, then each override (``x.yaml --set a.b=1``), each
+    cut at 200 characters and at most 20 of them (then how many more), control characters
+    escaped (`printable`)."""
+    shown = [printable(_bounded(f"--set {a}", 200)) for a in overrides[:20]]
+    more = [f"(and {len(overrides) - 20} more --set)"] if len(overrides) > 20 else []
+    return " ".join([printable(_bounded(str(path), 500)), *shown, *more])
+
+
+def printable(text: str) -> str:
+    """`text` with every non-printable character (newline, escape, bidi controls such as
+    U+202E) written as its Python escape, so a name from a config cannot forge or reorder
+    lines of an error message."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)

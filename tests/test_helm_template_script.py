@@ -191,3 +191,18 @@ def test_yaml_documents_split_like_kubernetes_yaml_reader():
     assert split("---\na: 1\n--- # two\nb: 2\r\n---\n") == ["---\na: 1\n", "b: 2\n"]
     with pytest.raises(ValueError, match="invalid Yaml document separator: b: 2"):
         split("a: 1\n--- b: 2\n")
+
+
+def test_deep_values_and_an_empty_output_dir_are_refused(tmp_path):
+    """(break-it findings) a values file nested past Python's recursion limit in the SDK's JSON
+    round trip is a clear error, not a traceback; an empty --output-dir is refused instead of
+    writing into the current directory."""
+    deep = tmp_path / "deep.yaml"
+    text = "x"
+    for _ in range(1100):
+        text = "{a: " + text + "}"
+    deep.write_text(text)
+    assert_refused(run("-f", str(deep)), "nested too deeply")
+    result = run("--output-dir", "", cwd=tmp_path)
+    assert result.returncode == 2 and "--output-dir: an empty path" in result.stderr
+    assert list(tmp_path.iterdir()) == [deep]

@@ -301,3 +301,21 @@ def test_a_service_config_suggests_too():
 
     with pytest.raises(ConfigError, match=r"optim\.weight_decy: Extra inputs are not permitted \(did you mean 'weight_decay'\?\)"):
         validate_config({"run_dir": "/tmp/x", "model": {"path": "/tmp/m"}, "optim": {"weight_decy": 0.1}}, LearnerConfig)
+
+
+def test_config_errors_escape_control_characters_and_bound_the_overrides(tmp_path):
+    """(break-it findings) a field name with a newline or a bidi control cannot forge or reorder
+    lines of the message; the header names at most 20 overrides, each cut; `[index]` in a --set
+    name is explained, not taken for a misspelt field."""
+    bad = tmp_path / "nl.yaml"
+    bad.write_text('rollout:\n  "group_sise\\nrollout.x: fake\\u202e": 3\n')
+    with pytest.raises(ConfigError) as err:
+        load_train_config(bad)
+    lines = str(err.value).splitlines()
+    assert lines[1] == "  rollout.group_sise\\nrollout.x: fake\\u202e: Extra inputs are not permitted" and len(lines) == 2
+    with pytest.raises(ConfigError) as err:
+        load_train_config(ROOT / "configs" / "demo.yaml", overrides=[f"run.name={'x' * 1000}"] * 30 + ["run.nmae=1"])
+    header = str(err.value).splitlines()[0]
+    assert len(header) < 20 * 210 + 600 and "(and 11 more --set)" in header
+    with pytest.raises(ConfigError, match=r"local\.gpus\[0\]: Extra inputs are not permitted \(--set takes no \[index\]"):
+        load_train_config(ROOT / "configs" / "demo.yaml", overrides=["local.gpus[0]=3"])
