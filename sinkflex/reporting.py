@@ -243,10 +243,12 @@ def summary_table(records: list[dict], title: str = "SinkFlex-RL run"):
     # the version a train row's validation is of: the one it produced (older records: its step)
     keys = [int(r["policy_version"] if r.get("policy_version") is not None else r["step"]) for r in train]
 
+    def val_cell(version):
+        v = val.get(version)
+        return "-" if v is None else f"{v['mean_at_1']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
+
     def val_row(version):
-        v = val[version]
-        return ["-", str(version), *["-"] * (len(cols) - 2),
-                f"{v['mean_at_1']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"]
+        return ["-", str(version), *["-"] * (len(cols) - 2), val_cell(version)]
 
     unmatched = sorted(set(val) - set(keys))
     first = min(keys, default=None)
@@ -257,8 +259,7 @@ def summary_table(records: list[dict], title: str = "SinkFlex-RL run"):
         for _, _, name in cols:
             v = r.get(name)
             cells.append("-" if v is None else (f"{int(v)}" if name in ("step", "groups", "policy_version") else f"{v:.4g}"))
-        v = val.get(key)
-        cells.append("-" if v is None else f"{v['mean_at_1']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]")
+        cells.append(val_cell(key))
         table.add_row(*cells)
     for version in [v for v in unmatched if first is not None and v > first]:
         table.add_row(*val_row(version))
