@@ -28,7 +28,7 @@ from env_service.config import EnvServiceConfig
 from learner_service.config import LearnerConfig
 from reward_service.config import RewardServiceConfig
 from rollout_service.config import RolloutConfig
-from sinkflex.config import ConfigError, StrictModel, describe_errors, load_config, located, merge_dicts
+from sinkflex.config import ConfigError, StrictModel, describe_errors, load_config, located, merge_dicts, printable
 from sinkflex.tracking import ReportingConfig
 
 #: The experiment's service sections, each typed with that service's own config class.
@@ -419,6 +419,11 @@ class TrainConfig(StrictModel):
         if learner.publish_every != 1:
             raise ValueError(f"learner.publish_every ({learner.publish_every}) must be 1: the controller waits for every "
                              "policy version to be served by the rollout engine")
+        written_run_dir = self.section("learner").get("run_dir")
+        if written_run_dir is not None and Path(learner.run_dir).resolve() != (self.run.dir() / "learner").resolve():
+            raise ValueError(f"learner.run_dir ({printable(str(written_run_dir))[:200]!r}) must be <run folder>/learner "
+                             f"({str(self.run.dir() / 'learner')!r}): the driver resumes from and reports the learner's "
+                             "checkpoints and metrics there; set run.output_dir instead")
         if self.warm_start.enabled and self.section("learner").get("warm_start"):
             raise ValueError("set the warm start in the warm_start section, not in learner.warm_start (the driver fills it in)")
         if self.services.env_only() and self.section("env_service"):

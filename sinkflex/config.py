@@ -113,6 +113,33 @@ def _field_names_at(schema: dict, path: Sequence[Any]) -> list[str]:
     return sorted({name for node in nodes for name in node.get("properties", {})})
 
 
+def _field_paths(schema: dict, max_depth: int = 6) -> list[str]:
+    """Every dotted field path of the JSON `schema` (objects' properties, local ``$ref``s and
+    ``anyOf`` branches followed; lists and mappings not entered), shortest first."""
+    def pointer(ref: str) -> dict:
+        node: Any = schema
+        for key in ref.removeprefix("#").strip("/").split("/"):
+            node = node.get(key.replace("~1", "/").replace("~0", "~"), {}) if isinstance(node, dict) else {}
+        return node if isinstance(node, dict) else {}
+
+    out: list[str] = []
+    todo: list[tuple[str, dict, int]] = [("", schema, 0)]
+    while todo:
+        prefix, node, depth = todo.pop(0)
+        if "$ref" in node:
+            node = pointer(node["$ref"])
+        for branch in node.get("anyOf", []) + node.get("allOf", []):
+            todo.append((prefix, branch, depth))
+        if depth >= max_depth:
+            continue
+        for key, child in node.get("properties", {}).items():
+            path = f"{prefix}.{key}" if prefix else key
+            out.append(path)
+            if isinstance(child, dict):
+                todo.append((path, child, depth + 1))
+    return list(dict.fromkeys(out))
+
+
 def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = None) -> str:
     """One indented line per error of `err`: ``  dotted.path: message``; a rule between fields
     (a model validator's ValueError, no location of its own) as its message alone, which names
@@ -133,6 +160,12 @@ def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = No
         name = str(e["loc"][-1])
         if "[" in name:  # `--set a.list[0]=x`: no index syntax, not a misspelt field
             return " (--set takes no [index]: set the whole list, e.g. field=[a, b])"
+        try:  # the exact name elsewhere first: `rollout.top_k` is a field of rollout_service.agent, not a typo of top_p
+            elsewhere = [p for p in _field_paths(cache[0]) if p.rsplit(".", 1)[-1] == name and "." in p][:3]
+        except Exception:  # noqa: BLE001 - as above
+            elsewhere = []
+        if elsewhere:
+            return f" ({printable(_bounded(name, 80))!r} is a field of {' and '.join(p.rsplit('.', 1)[0] for p in elsewhere)})"
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.7)
         return f" (did you mean {close[0]!r}?)" if close else ""
 

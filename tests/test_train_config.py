@@ -286,6 +286,8 @@ def test_run_name_is_one_folder_name(tmp_path, name):
     ("rollout_service.engine.dtyp=auto", "rollout_service.engine.dtyp: Extra inputs are not permitted (did you mean 'dtype'?)"),
     ("learenr.optim.lr=1e-5", "learenr: Extra inputs are not permitted (did you mean 'learner'?)"),
     ("zzz=1", "zzz: Extra inputs are not permitted\n"),  # nothing close: no suggestion
+    # the exact name at another place beats a close one here (top_k is no typo of top_p)
+    ("rollout.top_k=5", "rollout.top_k: Extra inputs are not permitted ('top_k' is a field of rollout_service.agent)"),
 ])
 def test_an_unknown_field_gets_the_closest_known_name(override, line):
     """A misspelt field, in a job section, a service section (typed at load) or at the top, is
@@ -319,3 +321,14 @@ def test_config_errors_escape_control_characters_and_bound_the_overrides(tmp_pat
     assert len(header) < 20 * 210 + 600 and "(and 11 more --set)" in header
     with pytest.raises(ConfigError, match=r"local\.gpus\[0\]: Extra inputs are not permitted \(--set takes no \[index\]"):
         load_train_config(ROOT / "configs" / "demo.yaml", overrides=["local.gpus[0]=3"])
+
+
+def test_learner_run_dir_must_be_the_run_folders(tmp_path):
+    """learner.run_dir is where the driver resumes from and reads the learner's metrics: another
+    value is refused, naming both (a silently ignored or misplaced learner folder otherwise)."""
+    with pytest.raises(ConfigError, match=r"learner\.run_dir \('/tmp/elsewhere'\) must be <run folder>/learner"):
+        load_train_config(ROOT / "configs" / "demo.yaml", overrides=["learner.run_dir=/tmp/elsewhere"])
+    out = tmp_path / "run"
+    cfg = load_train_config(ROOT / "configs" / "demo.yaml",
+                            overrides=[f"run.output_dir={out}", f"learner.run_dir={out / 'learner'}"])
+    assert cfg.learner.run_dir == str(out / "learner")
