@@ -421,7 +421,7 @@ class TrainConfig(StrictModel):
                              "policy version to be served by the rollout engine")
         written_run_dir = self.section("learner").get("run_dir")
         if written_run_dir is not None and Path(learner.run_dir).resolve() != (self.run.dir() / "learner").resolve():
-            raise ValueError(f"learner.run_dir ({printable(str(written_run_dir))[:200]!r}) must be <run folder>/learner "
+            raise ValueError(f"learner.run_dir ('{printable(str(written_run_dir)[:200])}') must be <run folder>/learner "
                              f"({str(self.run.dir() / 'learner')!r}): the driver resumes from and reports the learner's "
                              "checkpoints and metrics there; set run.output_dir instead")
         if self.warm_start.enabled and self.section("learner").get("warm_start"):

@@ -79,21 +79,23 @@ def config_json_schema(model: type[BaseModel]) -> dict:
     return custom() if callable(custom) else model.model_json_schema()
 
 
+def _json_pointer(schema: dict, ref: str) -> dict:
+    """The node a local JSON pointer names in `schema` (e.g. ``#/properties/learner/$defs/OptimConfig``), {} if none."""
+    node: Any = schema
+    for key in ref.removeprefix("#").strip("/").split("/"):
+        node = node.get(key.replace("~1", "/").replace("~0", "~"), {}) if isinstance(node, dict) else {}
+    return node if isinstance(node, dict) else {}
+
+
 def _field_names_at(schema: dict, path: Sequence[Any]) -> list[str]:
     """The property names of the object at `path` (a pydantic error's location, less its last
     part) in the JSON `schema`, following local ``$ref``s, ``anyOf`` branches, ``items`` for a
     list index and ``additionalProperties`` for a mapping's key; [] where the path leaves it."""
-    def pointer(ref: str) -> dict:  # a local JSON pointer, e.g. #/properties/learner/$defs/OptimConfig
-        node: Any = schema
-        for key in ref.removeprefix("#").strip("/").split("/"):
-            node = node.get(key.replace("~1", "/").replace("~0", "~"), {}) if isinstance(node, dict) else {}
-        return node if isinstance(node, dict) else {}
-
     def objects(node: dict, depth: int = 0) -> list[dict]:
         if depth > 32:  # a recursive schema
             return []
         if "$ref" in node:
-            return objects(pointer(node["$ref"]), depth + 1)
+            return objects(_json_pointer(schema, node["$ref"]), depth + 1)
         out = [node] if "properties" in node or "items" in node or "additionalProperties" in node else []
         for branch in node.get("anyOf", []) + node.get("allOf", []):
             out += objects(branch, depth + 1)
@@ -116,18 +118,12 @@ def _field_names_at(schema: dict, path: Sequence[Any]) -> list[str]:
 def _field_paths(schema: dict, max_depth: int = 6) -> list[str]:
     """Every dotted field path of the JSON `schema` (objects' properties, local ``$ref``s and
     ``anyOf`` branches followed; lists and mappings not entered), shortest first."""
-    def pointer(ref: str) -> dict:
-        node: Any = schema
-        for key in ref.removeprefix("#").strip("/").split("/"):
-            node = node.get(key.replace("~1", "/").replace("~0", "~"), {}) if isinstance(node, dict) else {}
-        return node if isinstance(node, dict) else {}
-
     out: list[str] = []
     todo: list[tuple[str, dict, int]] = [("", schema, 0)]
     while todo:
         prefix, node, depth = todo.pop(0)
         if "$ref" in node:
-            node = pointer(node["$ref"])
+            node = _json_pointer(schema, node["$ref"])
         for branch in node.get("anyOf", []) + node.get("allOf", []):
             todo.append((prefix, branch, depth))
         if depth >= max_depth:
@@ -151,21 +147,19 @@ def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = No
     def hint(e) -> str:
         if schema is None or e["type"] != "extra_forbidden" or not e["loc"]:
             return ""
+        name = str(e["loc"][-1])
+        if "[" in name:  # `--set a.list[0]=x`: no index syntax, not a misspelt field
+            return " (--set takes no [index]: set the whole list, e.g. field=[a, b])"
         try:
             if not cache:
                 cache.append(schema())
             names = _field_names_at(cache[0], e["loc"][:-1])
+            # the exact name elsewhere first: `rollout.top_k` is a field of rollout_service.agent, not a typo of top_p
+            elsewhere = [p for p in _field_paths(cache[0]) if p.rsplit(".", 1)[-1] == name and "." in p][:3]
         except Exception:  # noqa: BLE001 - a suggestion never hides the error itself
             return ""
-        name = str(e["loc"][-1])
-        if "[" in name:  # `--set a.list[0]=x`: no index syntax, not a misspelt field
-            return " (--set takes no [index]: set the whole list, e.g. field=[a, b])"
-        try:  # the exact name elsewhere first: `rollout.top_k` is a field of rollout_service.agent, not a typo of top_p
-            elsewhere = [p for p in _field_paths(cache[0]) if p.rsplit(".", 1)[-1] == name and "." in p][:3]
-        except Exception:  # noqa: BLE001 - as above
-            elsewhere = []
-        if elsewhere:
-            return f" ({printable(_bounded(name, 80))!r} is a field of {' and '.join(p.rsplit('.', 1)[0] for p in elsewhere)})"
+        if elsewhere:  # `name` is a known field name here: nothing to escape
+            return f" ({name!r} is a field of {' and '.join(p.rsplit('.', 1)[0] for p in elsewhere)})"
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.7)
         return f" (did you mean {close[0]!r}?)" if close else ""
 
