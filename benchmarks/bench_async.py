@@ -47,7 +47,7 @@ TASKS = ["create_task_1"]
 
 
 def experiment(k: int, steps: int, run_dir: Path, model: str, args):
-    from driver.config import TrainConfig
+    from sinkflex_rl.config import TrainConfig
     from sinkflex.config import validate_config
 
     return validate_config({
@@ -119,9 +119,9 @@ def run_both(args, t_start: float) -> tuple[dict, dict]:
 
     import yaml
 
-    from driver.clients import Addresses, connect
-    from driver.controller import Controller
-    from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
+    from sinkflex_rl.clients import Addresses, connect
+    from sinkflex_rl.controller import Controller
+    from sinkflex_rl.launcher import LocalLauncher, ManagedProcess, free_port, python_module
     from env_service.config import EnvServiceConfig
     from env_service.server import build_server as build_env
     from learner_service.config import LearnerConfig
@@ -321,8 +321,8 @@ def run_config(args) -> dict:
         SystemExit: a run folder that is not one, or a training run failed (one line naming its logs).
         ConfigError: the experiment, with k = 0 or with k = 1, is invalid (before anything runs).
     """
-    from driver.config import load_train_config
-    from driver.controller import paired_difference, read_validations
+    from sinkflex_rl.config import load_train_config
+    from sinkflex_rl.controller import paired_difference, read_validations
 
     # both variants checked before anything runs (a refusal of k = 1 must not come after an hour of k = 0)
     cfg, _ = (load_train_config(args.config, [f"rollout.max_staleness={k}"]) for k in (0, 1))

@@ -121,7 +121,7 @@ def main() -> None:
         return
     n_groups = 3 if args.quick else 10
     modes = list(MODES) if args.all else ["full", "skip", "skip_tuned_malloc"]
-    from driver.config import LEARNER_GLIBC_TUNABLES
+    from sinkflex_rl.config import LEARNER_GLIBC_TUNABLES
     load0 = os.getloadavg()
     rows = []
     for mode in modes:

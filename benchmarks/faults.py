@@ -51,7 +51,7 @@ if str(ROOT) not in sys.path:
 ALL_FAULTS = [("env", "SIGKILL"), ("reward", "SIGKILL"), ("rollout", "SIGKILL"), ("engine", "SIGKILL"),
               ("learner_rank", "SIGKILL"), ("learner", "SIGKILL"), ("user_sim", "SIGKILL"), ("redis", "SIGKILL"),
               ("env", "SIGSTOP"), ("rollout", "SIGTERM")]
-#: what the one-line message calls each process (driver.launcher.LABELS)
+#: what the one-line message calls each process (sinkflex_rl.launcher.LABELS)
 LABEL_WORDS = {"env": "env service", "reward": "reward service", "rollout": "rollout service",
                "engine": "vLLM engine", "learner": "learner", "learner_rank": "learner", "redis": "Redis",
                "user_sim": "user simulator"}
@@ -101,7 +101,7 @@ def _train(config: Path, log_path: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)
     out = open(log_path, "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen([sys.executable, "-m", "driver.cli", "train", "-c", str(config)], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "sinkflex_rl.cli", "train", "-c", str(config)], cwd=ROOT, env=env,
                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 

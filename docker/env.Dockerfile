@@ -37,9 +37,9 @@ COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY sinkflex ./sinkflex
 COPY tau2_adapter ./tau2_adapter
-COPY driver ./driver
+COPY sinkflex_rl ./sinkflex_rl
 # every service package: sinkflex-service derives this service's config from the
-# experiment file with driver.config, which reads each service's config model
+# experiment file with sinkflex_rl.config, which reads each service's config model
 COPY env_service ./env_service
 COPY reward_service ./reward_service
 COPY rollout_service ./rollout_service

@@ -2,8 +2,8 @@
 """`sinkflex-service SERVICE [SERVICE FLAGS...]`: start one SinkFlex service in a container
 with the configuration the embedded default would give it.
 
-The embedded default (`sinkflex-rl train -c CONFIG`, driver/local.py) derives each
-service's config from one experiment file with `driver.config.service_configs`,
+The embedded default (`sinkflex-rl train -c CONFIG`, sinkflex_rl/local.py) derives each
+service's config from one experiment file with `sinkflex_rl.config.service_configs`,
 writes it to a YAML file and starts `python -m <service> --config FILE`. In a container
 (docker compose, Kubernetes) this script does the same for one service, taking from the
 environment what the launcher would have chosen itself — the other services' addresses —
@@ -35,7 +35,7 @@ Environment:
     SINKFLEX_CONFIG_DIR      where the derived configs are written (default /tmp/sinkflex)
     SINKFLEX_MAX_STALENESS   the experiment's rollout.max_staleness (0 synchronous, k >= 1
                              asynchronous rollouts, docs/async.md); learner.max_staleness and
-                             rollout_service.weight_updates follow from it (driver/config.py)
+                             rollout_service.weight_updates follow from it (sinkflex_rl/config.py)
     SINKFLEX_TASKS_PER_STEP  the experiment's task.tasks_per_step (groups per RL step; the
                              learner's batch.groups_per_step follows from it)
                              Both: empty = the experiment's (after the overrides); set in
@@ -90,7 +90,7 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
     import yaml
 
     from sinkflex.config import merge_dicts, validate_config
-    from driver.config import TrainConfig, load_train_config, service_configs
+    from sinkflex_rl.config import TrainConfig, load_train_config, service_configs
 
     if service not in COMMANDS:
         raise ValueError(f"unknown service {service!r}; {USAGE}")
@@ -122,7 +122,7 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
         if given is not None and given != value:
             raise ValueError(f"{var} ({value}) and SINKFLEX_CONFIG_OVERRIDES' {section}.{key} ({given}) disagree: set one")
         shape.setdefault(section, {})[key] = value
-    if shape:  # driver.config's checks (learner.max_staleness, weight_updates, groups_per_step, ...) apply
+    if shape:  # sinkflex_rl.config's checks (learner.max_staleness, weight_updates, groups_per_step, ...) apply
         data = merge_dicts(data, shape)
         cfg = validate_config(data, TrainConfig, source=f"{source} + {', '.join(v for v in SHAPE_VARIABLES if environ.get(v, '').strip())}")
     if environ.get("SINKFLEX_RUN_DIR"):

@@ -5,7 +5,7 @@ variance, every advantage is 0). Public τ²-Bench recipes therefore start from 
 warm start (slime: SFT → rejection fine-tuning → GRPO). Here the demonstrations are the
 train split's golden actions played through the env service by a scripted policy and
 rendered to token ids by the rollout service's own agent loop and formatter
-(`driver.warm_start`), so a demonstration is byte-for-byte a trajectory the rollout
+(`sinkflex_rl.warm_start`), so a demonstration is byte-for-byte a trajectory the rollout
 service could have produced: same chat template, tool format and loss mask. Only
 demonstrations that τ²-Bench's checker scores 1.0 are kept (rejection sampling of the
 scripted policy).

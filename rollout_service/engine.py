@@ -138,7 +138,7 @@ class Engine:
             # is prefilled in chunks; whole-prompt prefill avoids the code path.
             enable_chunked_prefill=False, max_num_batched_tokens=max_model_len,
         )
-        if tensor_parallel_size != 1:  # GPUs (driver.placement); the CPU engine's arguments stay as they were
+        if tensor_parallel_size != 1:  # GPUs (sinkflex_rl.placement); the CPU engine's arguments stay as they were
             self._engine_kwargs["tensor_parallel_size"] = tensor_parallel_size
         if gpu_memory_utilization is not None:
             self._engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization

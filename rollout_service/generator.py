@@ -5,7 +5,7 @@
 parameters and a seed, and say which policy version served it. `rollout_service.engine
 .Engine` (vLLM) implements it; so does `ScriptedGenerator`, a second implementation whose
 "samples" are a script of replies: the agent-loop tests (tests/test_episode.py) and the
-warm start's demonstrations (`driver.warm_start.GoldenEngine`) run episodes with it, on
+warm start's demonstrations (`sinkflex_rl.warm_start.GoldenEngine`) run episodes with it, on
 CPU, without vLLM.
 """
 

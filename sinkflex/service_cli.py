@@ -1,6 +1,6 @@
 """Typer helpers every entry point shares: app settings, `--version`, `--metrics-port N` / `--no-metrics`.
 
-Every command line of the project is a Typer app: `sinkflex-rl` (driver/cli.py) and the four
+Every command line of the project is a Typer app: `sinkflex-rl` (sinkflex_rl/cli.py) and the four
 services, `python -m env_service|reward_service|rollout_service|learner_service`. They are
 built with `APP_SETTINGS` (via `service_app` for the services), so their help renders the
 same way: `rich_markup_mode=None`, i.e. plain text, reflowed to the terminal's width, with

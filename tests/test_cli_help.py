@@ -29,8 +29,8 @@ ENTRY_POINTS = {
     "reward_service": ("reward_service", []),
     "rollout_service": ("rollout_service", []),
     "learner_service": ("learner_service", []),
-    "sinkflex-rl": ("driver.cli", []),
-    **{f"sinkflex-rl {' '.join(c)}": ("driver.cli", list(c)) for c in [
+    "sinkflex-rl": ("sinkflex_rl.cli", []),
+    **{f"sinkflex-rl {' '.join(c)}": ("sinkflex_rl.cli", list(c)) for c in [
         ("train",), ("tasks",), ("tasks", "generate"), ("tasks", "check"), ("env",), ("env", "serve"),
         ("env", "check"), ("env", "replay"), ("config",), ("config", "show"), ("config", "schema"),
         ("models",), ("models", "prepare")]},
@@ -65,7 +65,7 @@ sys.exit(code)
 
 def _command(module: str, args: list[str]):
     """The Click command `python -m module *args --help` describes."""
-    app = importlib.import_module(module if module == "driver.cli" else f"{module}.__main__").app
+    app = importlib.import_module(module if module == "sinkflex_rl.cli" else f"{module}.__main__").app
     command = typer.main.get_command(app)
     for name in args:
         command = command.commands[name]
@@ -120,7 +120,7 @@ def test_help_renders_well_at_80_columns(entry):
         assert any(literal in s for s in _help_strings(command)), (entry, literal)
     assert "..." not in text.replace("[ARGS]...", ""), f"{entry}: a help line is cut short:\n{text}"
     assert not re.search(r"--[a-z][a-z0-9-]*-\n", text), f"{entry}: a flag name is wrapped:\n{text}"
-    if module != "driver.cli":
+    if module != "sinkflex_rl.cli":
         assert loaded == "", f"`python -m {module} --help` loaded {loaded}"
 
 
@@ -130,8 +130,8 @@ def test_one_help_style_for_every_app():
 
     apps = [importlib.import_module(f"{m}.__main__").app
             for m in ("env_service", "reward_service", "rollout_service", "learner_service")]
-    apps += [importlib.import_module("driver.cli").app]
-    apps += [importlib.import_module(f"driver.commands.{m}").app for m in ("config", "env", "models", "tasks", "train")]
+    apps += [importlib.import_module("sinkflex_rl.cli").app]
+    apps += [importlib.import_module(f"sinkflex_rl.commands.{m}").app for m in ("config", "env", "models", "tasks", "train")]
     assert APP_SETTINGS["rich_markup_mode"] is None
     for app in apps:
         assert app.rich_markup_mode is None, app.info.help

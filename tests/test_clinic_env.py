@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from typer.testing import CliRunner
 
 import env_service
-from driver.cli import app
+from sinkflex_rl.cli import app
 from env_service.client import GrpcEnvClient
 from sinkflex.api.env.v1 import env_pb2
 from sinkflex.errors import ServiceError

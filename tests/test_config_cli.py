@@ -10,8 +10,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from driver.cli import app
-from driver.config import TrainConfig, experiment_schema, load_train_config, service_configs
+from sinkflex_rl.cli import app
+from sinkflex_rl.config import TrainConfig, experiment_schema, load_train_config, service_configs
 from sinkflex.config import ConfigError, merge_dicts, set_dotted, validate_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,8 +1,8 @@
 """The whole training controller in one process: no subprocess, no vLLM, no network.
 
-`driver.controller.Controller` runs its real loop (task schedule, the rollout producer thread,
+`sinkflex_rl.controller.Controller` runs its real loop (task schedule, the rollout producer thread,
 version waits, train / trajectory / val records, validation files with pass^k and the
-per-purpose breakdown) against clients from `driver.clients.connect`:
+per-purpose breakdown) against clients from `sinkflex_rl.clients.connect`:
 
 - env: the real `EnvCore` on τ²-Bench's mock domain with a generated task set (splits train and
   test, four task families: `tau2_adapter.generate`), solo mode, through `LocalEnvClient`;
@@ -176,9 +176,9 @@ class FakeRunner:
 
 
 def _controller(tmp_path, env_core, catalog, task_set, steps: int, max_staleness: int = 0):
-    from driver.clients import connect
-    from driver.config import TrainConfig
-    from driver.controller import Controller
+    from sinkflex_rl.clients import connect
+    from sinkflex_rl.config import TrainConfig
+    from sinkflex_rl.controller import Controller
     from env_service.client import LocalEnvClient
     from learner_service.server import LearnerServicer
     from reward_service.client import LocalRewardClient
@@ -204,7 +204,7 @@ def _records(run_dir, kind):
 
 
 def test_connect_picks_in_process_clients(env_core, catalog, task_set):
-    from driver.clients import Addresses, connect
+    from sinkflex_rl.clients import Addresses, connect
     from env_service.client import LocalEnvClient
     from learner_service.client import GrpcLearnerClient, LocalLearnerClient
     from learner_service.server import LearnerServicer
@@ -239,7 +239,7 @@ def test_connect_picks_in_process_clients(env_core, catalog, task_set):
 
 
 def test_controller_loop_in_process(tmp_path, env_core, catalog, task_set):
-    from driver.controller import Controller, paired_difference, read_validations
+    from sinkflex_rl.controller import Controller, paired_difference, read_validations
 
     t0 = time.monotonic()
     steps = 3
@@ -306,7 +306,7 @@ def test_controller_loop_in_process(tmp_path, env_core, catalog, task_set):
 def test_controller_async_k1_in_process(tmp_path, env_core, catalog, task_set):
     """max_staleness 1: the producer runs up to one step ahead (step s's request waits for version
     s - 1 only); every trajectory is at most one version behind the learner that trains it."""
-    from driver.controller import read_validations
+    from sinkflex_rl.controller import read_validations
 
     steps = 4
     ctl, rollout, runner = _controller(tmp_path, env_core, catalog, task_set, steps, max_staleness=1)
@@ -365,7 +365,7 @@ def test_train_records_the_driver_missed_are_recovered_from_the_learners():
     step s (a dead vLLM engine: the version is never served) resumes past s: the driver writes
     step s's record from the learner's own (its last one), marked recovered, so there is one
     train record per policy version."""
-    from driver.controller import recovered_train_records
+    from sinkflex_rl.controller import recovered_train_records
 
     driver = [{"kind": "train", "step": 1, "loss": 0.1}, {"kind": "val", "step": 1}]
     learner = [{"kind": "warm_start", "step": 1, "loss": 0.7},

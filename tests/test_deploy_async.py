@@ -1,6 +1,6 @@
 """rollout.max_staleness (docs/async.md) in compose and the chart: the value reaches every
 container, the services derive the same configs as the embedded default from it, the chart
-refuses what driver/config.py refuses, and the KEDA lag target counts the lag the
+refuses what sinkflex_rl/config.py refuses, and the KEDA lag target counts the lag the
 asynchronous loop holds by design (tasksPerStep × (maxStaleness + 1) groups).
 
 Charts are rendered by Helm's own code (helm-python-sdk, offline), as in test_deploy_chart.py.
@@ -53,8 +53,8 @@ def lag_counts(manifests) -> set[str]:
 def test_chart_max_staleness_1_reaches_every_container_and_the_derived_configs(script, experiment, tmp_path):
     """Rendered with maxStaleness 1: every SinkFlex container has SINKFLEX_MAX_STALENESS=1, and
     sinkflex-service, given a container's environment, derives the asynchronous configs
-    (learner.max_staleness 1, weight updates between turns) exactly as driver.config does."""
-    from driver.config import TrainConfig, load_train_config, weight_updates
+    (learner.max_staleness 1, weight updates between turns) exactly as sinkflex_rl.config does."""
+    from sinkflex_rl.config import TrainConfig, load_train_config, weight_updates
     from learner_service.config import LearnerConfig
     from rollout_service.config import RolloutConfig
     from sinkflex.config import load_config
@@ -120,7 +120,7 @@ def test_keda_without_the_experiments_shape_fails_naming_the_values():
     render_chart(merge_dicts(values, {"keda": {"lagCount": 16}}))  # an explicit target needs neither
 
 
-# --------------------------------------------------------------------------- the chart refuses what driver.config refuses
+# --------------------------------------------------------------------------- the chart refuses what sinkflex_rl.config refuses
 
 REFUSED = [
     ({"maxStaleness": 1, "configOverrides": {"rollout": {"max_staleness": 2}}},

@@ -601,7 +601,7 @@ def test_every_sinkflex_container_derives_its_config_from_the_experiment():
 def test_learner_has_time_to_checkpoint_on_sigterm(chart_multigpu):
     """torchrun waits local.learner_stop_grace_s (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, set by
     sinkflex-service from the experiment) before SIGKILL; the pod must wait longer."""
-    from driver.config import LocalConfig
+    from sinkflex_rl.config import LocalConfig
 
     grace = LocalConfig().learner_stop_grace_s
     for name in (full("learner"), full("learner-worker")):

@@ -48,7 +48,7 @@ SERVICE_CLI = {
 # --------------------------------------------------------------------------- sinkflex-service
 
 def test_service_configs_are_the_launchers_with_the_deployment_addresses(script, experiment, tmp_path):
-    from driver.config import TrainConfig
+    from sinkflex_rl.config import TrainConfig
     from env_service.config import EnvServiceConfig
     from learner_service.config import LearnerConfig
     from reward_service.config import RewardServiceConfig
@@ -255,7 +255,7 @@ def test_the_reward_image_entry_point_serves_grpc_health_and_metrics(tmp_path):
     import socket
     import urllib.request
 
-    from driver.launcher import free_port
+    from sinkflex_rl.launcher import free_port
 
     port, metrics_port = free_port(), free_port()
     image_config = re.search(r"SINKFLEX_CONFIG=(\S+)", (DOCKER / "reward.Dockerfile").read_text()).group(1)

@@ -274,7 +274,7 @@ def test_training_config_paths_exist(compose):
 
 
 def test_learner_has_time_to_checkpoint_on_stop(compose):
-    from driver.config import LocalConfig
+    from sinkflex_rl.config import LocalConfig
 
     grace = LocalConfig().learner_stop_grace_s
     for name in ("learner", "learner-cpu"):

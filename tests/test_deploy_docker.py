@@ -240,10 +240,10 @@ def test_image_installs_and_copies_everything_its_service_imports(service):
     if _module_file(entry) is None:
         pytest.fail(f"{service}_service/__main__.py does not exist yet: `python -m {service}_service` cannot run")
     if service in LIGHT:
-        # sinkflex-service imports driver.config for every service; its policy
+        # sinkflex-service imports sinkflex_rl.config for every service; its policy
         # resolution (sinkflex.models: transformers, torch) runs only for the engine services,
         # which test_light_images_start_without_torch checks by running it.
-        first, third = import_closure(entry, "driver.config")
+        first, third = import_closure(entry, "sinkflex_rl.config")
     else:
         first, third = import_closure(entry, files=(DOCKER / "sinkflex_service.py",))
     copied = {Path(s).parts[0] for s in copied_sources(service)}

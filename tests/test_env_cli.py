@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import env_service
-from driver.cli import app
+from sinkflex_rl.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOKSHOP = ROOT / "examples" / "bookshop" / "server.py"

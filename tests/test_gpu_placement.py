@@ -1,4 +1,4 @@
-"""GPU placement of the local launcher (driver/placement.py, README "On a GPU box"), all on CPU:
+"""GPU placement of the local launcher (sinkflex_rl/placement.py, README "On a GPU box"), all on CPU:
 the split on several layouts, the refusals by name, each launched process's CUDA_VISIBLE_DEVICES
 and torchrun --nproc_per_node, the CPU default unchanged, and scripts/bootstrap-gpu.sh exiting 1
 before installing anything on a machine without an NVIDIA GPU."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from driver.config import LocalConfig, load_train_config
-from driver.placement import Placement, place, visible_gpus
+from sinkflex_rl.config import LocalConfig, load_train_config
+from sinkflex_rl.placement import Placement, place, visible_gpus
 from sinkflex.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ class RecordingLauncher:
 
 
 def _launch(monkeypatch, tmp_path, config, overrides=(), visible=None):
-    import driver.local as local
+    import sinkflex_rl.local as local
 
     monkeypatch.setattr(local, "resolve_model", lambda name, hub=None: str(tmp_path / "model"))
     monkeypatch.setattr(local, "prepare_task_files", lambda cfg: [])
@@ -160,7 +160,7 @@ def test_launcher_on_one_shared_gpu(monkeypatch, tmp_path):
 
 
 def test_launcher_refuses_before_starting_anything(monkeypatch, tmp_path):
-    import driver.local as local
+    import sinkflex_rl.local as local
 
     launcher = RecordingLauncher()
     cfg = load_train_config(ROOT / "configs" / "demo.yaml", [f"run.output_dir={tmp_path / 'run'}"])
@@ -180,7 +180,7 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     exactly the commands and environments the launcher built before placement existed (the
     rollout engine's CPU core binding, `local.engine_cpu_threads_bind`, and the learner's malloc
     settings, `local.learner_glibc_tunables`, aside)."""
-    from driver.local import engine_cpu_env, learner_cpu_env
+    from sinkflex_rl.local import engine_cpu_env, learner_cpu_env
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
@@ -278,7 +278,7 @@ def test_bootstrap_gpu_check_with_a_gpu_and_a_cpu_torch_venv(tmp_path):
 
 def test_cpu_engine_threads_bind():
     """local.engine_cpu_threads_bind → vLLM's OpenMP variables for the CPU rollout engine."""
-    from driver.local import engine_cpu_env
+    from sinkflex_rl.local import engine_cpu_env
 
     assert engine_cpu_env("all", cores=[0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     # a local user simulator is bound to the last core: the engine keeps the others
@@ -295,8 +295,8 @@ def test_cpu_engine_threads_bind():
     (["rollout.max_staleness=1", "local.engine_cpu_threads_bind=0"], "0"),
 ])
 def test_cpu_engine_binding_follows_the_mode(monkeypatch, tmp_path, overrides, expected):
-    import driver.local as local
-    from driver.local import engine_cpu_env
+    import sinkflex_rl.local as local
+    from sinkflex_rl.local import engine_cpu_env
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _, specs, _ = _launch(monkeypatch, tmp_path, "demo.yaml", overrides, visible=[])
@@ -312,8 +312,8 @@ def test_cpu_learner_glibc_tunables():
     import subprocess
     import sys
 
-    from driver.config import LEARNER_GLIBC_TUNABLES, LocalConfig
-    from driver.local import learner_cpu_env
+    from sinkflex_rl.config import LEARNER_GLIBC_TUNABLES, LocalConfig
+    from sinkflex_rl.local import learner_cpu_env
 
     local = LocalConfig()
     assert learner_cpu_env(local, on_gpus=False, environ={}) == {"GLIBC_TUNABLES": LEARNER_GLIBC_TUNABLES}

@@ -1,4 +1,4 @@
-"""The launcher names a dead or frozen process in one line (driver/launcher.py), and a restarted
+"""The launcher names a dead or frozen process in one line (sinkflex_rl/launcher.py), and a restarted
 consumer takes back the groups delivered to its previous incarnation (sinkflex/buffer/stream.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from driver.launcher import LocalLauncher, ManagedProcess, ServiceDied
+from sinkflex_rl.launcher import LocalLauncher, ManagedProcess, ServiceDied
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -206,7 +206,7 @@ def test_dead_service_with_restarts_left_is_restarted(tmp_path):
 
 
 def test_restart_config_defaults_off():
-    from driver.config import LocalConfig
+    from sinkflex_rl.config import LocalConfig
 
     assert LocalConfig().restart_services == [] and LocalConfig(restart_services=["reward"]).max_restarts == 2
     with pytest.raises(Exception):
@@ -219,7 +219,7 @@ def test_a_process_starts_at_its_niceness(tmp_path):
     import sys
     import time
 
-    from driver.launcher import LocalLauncher, ManagedProcess
+    from sinkflex_rl.launcher import LocalLauncher, ManagedProcess
 
     launcher = LocalLauncher(tmp_path)
     code = ("import os, time; g = open('/proc/self/autogroup').read().split()[-1] if os.path.exists('/proc/self/autogroup') "

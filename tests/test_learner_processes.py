@@ -152,7 +152,7 @@ def test_sigkill_and_restart_trains_every_group_exactly_once(tmp_path, buffer):
 
 def test_served_learner_stops_gracefully_on_sigterm(tmp_path, buffer):
     from sinkflex.api.learner.v1 import learner_pb2, learner_pb2_grpc
-    from driver.launcher import free_port
+    from sinkflex_rl.launcher import free_port
     from sinkflex.serving import make_channel, wait_for_serving
 
     buffer.put(make_group("t0", [0.0, 1.0], seed=30))

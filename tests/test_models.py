@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from driver.cli import app
+from sinkflex_rl.cli import app
 from sinkflex.config import ConfigError
 from sinkflex.models import PREPARED_MARKER, is_prepared, prepare_model, resolve_model, smollm2_gguf_path
 
@@ -155,8 +155,8 @@ def test_cli_prepare_folder_and_hub_id(tmp_path, hf_cache):
 
 
 def test_launch_names_the_models_field(tmp_path, hf_cache):
-    from driver.config import load_train_config
-    from driver.local import _model
+    from sinkflex_rl.config import load_train_config
+    from sinkflex_rl.local import _model
 
     cfg_file = tmp_path / "exp.yaml"
     cfg_file.write_text("models: {policy: org/not-cached, user_simulator: null}\ntask: {solo_mode: true}\n")

@@ -19,7 +19,7 @@ from sinkflex.tracking import ReportingConfig, open_trackers
 
 
 def test_missing_package_is_a_clear_error_at_load(monkeypatch, tmp_path):
-    from driver.config import load_train_config
+    from sinkflex_rl.config import load_train_config
 
     monkeypatch.setattr(tracking, "_missing", lambda module: module == "wandb")
     cfg = tmp_path / "exp.yaml"

@@ -3,7 +3,7 @@
 The experiment (`task.reward`, `task.text_ends_episode`) and the rollout service
 (`envs.<env>`) say per env whether the training reward is the env's own terminal reward or a
 reward service's. The episodes here run through the real agent loop of a `RolloutWorker`
-with a scripted engine (`driver.warm_start.GoldenEngine`: fixed token ids in SmolLM2's Hermes
+with a scripted engine (`sinkflex_rl.warm_start.GoldenEngine`: fixed token ids in SmolLM2's Hermes
 format, no vLLM) against real servers over gRPC: the bookshop (Python) and clinic
 (TypeScript) envs plugged in from outside, and τ²-Bench's reward service.
 """
@@ -16,7 +16,7 @@ import json
 import grpc
 import pytest
 
-from driver.config import TrainConfig, load_train_config, service_configs
+from sinkflex_rl.config import TrainConfig, load_train_config, service_configs
 from rollout_service.config import EnvRoute, RolloutConfig
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.config import ConfigError, validate_config
@@ -108,7 +108,7 @@ def reward_address():
 def make_worker(smollm2_dir, reward_address):
     """worker(env_address, envs) -> a RolloutWorker on a scripted engine, its default reward
     service τ²-Bench's (which knows neither plugged-in env)."""
-    from driver.warm_start import GoldenEngine
+    from sinkflex_rl.warm_start import GoldenEngine
     from env_service.client import GrpcEnvClient
     from reward_service.client import GrpcRewardClient
     from rollout_service.worker import RolloutWorker
@@ -129,7 +129,7 @@ def make_worker(smollm2_dir, reward_address):
 
 def _play(worker, env: str, task_id: str, texts: list[str], solo_mode: bool = True, max_turns: int = 4):
     """One episode of `task_id` whose agent turns are `texts` (then empty replies); returns the trajectory."""
-    from driver.warm_start import GoldenEngine
+    from sinkflex_rl.warm_start import GoldenEngine
     from rollout_service.engine import Sampling
     from rollout_service.formatting import ChatTemplateFormatter
 
@@ -236,9 +236,9 @@ def test_unknown_env_fails_before_anything_is_sampled(make_worker, bookshop_env,
 
 
 def test_controller_fails_at_start_naming_env_and_reward_service(bookshop_env, reward_address, tmp_path):
-    from driver.clients import Addresses, connect
-    from driver.controller import Controller
-    from driver.launcher import free_port
+    from sinkflex_rl.clients import Addresses, connect
+    from sinkflex_rl.controller import Controller
+    from sinkflex_rl.launcher import free_port
 
     dead = f"127.0.0.1:{free_port()}"  # no rollout service, no learner: the check comes before either is asked
     base = {"run": {"output_dir": str(tmp_path / "run")}, "models": {"user_simulator": None},

@@ -174,7 +174,7 @@ def test_learner_gives_unscored_advantage_zero_and_leaves_it_out_of_the_group(mo
 
 
 def test_validation_leaves_unscored_trials_out_of_mean_at_1_and_counts_them():
-    from driver.controller import scored_trials, validation_scores
+    from sinkflex_rl.controller import scored_trials, validation_scores
 
     def group(task, rewards):
         return common_pb2.TrajectoryGroup(task_id=task, trajectories=[common_pb2.Trajectory(reward=r) for r in rewards])

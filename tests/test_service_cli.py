@@ -34,7 +34,7 @@ def _run(module: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def cli_version() -> str:
-    from driver.cli import app
+    from sinkflex_rl.cli import app
 
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0, result.output

@@ -190,7 +190,7 @@ def test_generated_tasks_do_not_run_without_their_initial_state(task_set, env_gr
 
 
 def test_cli_generate_then_check(tmp_path):
-    from driver.cli import app
+    from sinkflex_rl.cli import app
 
     out = tmp_path / "tasks"
     r = CliRunner().invoke(app, ["tasks", "generate", "mock", "--train", "8", "--test", "4", "--seed", "3", "--out", str(out)])
@@ -218,7 +218,7 @@ def test_cli_generate_then_check(tmp_path):
 
 
 def test_cli_check_over_grpc(task_dir, env_grpc_gen):
-    from driver.cli import app
+    from sinkflex_rl.cli import app
 
     r = CliRunner().invoke(app, ["tasks", "check", str(task_dir), "--env", "mock", "--address", env_grpc_gen.address])
     assert r.exit_code == 0, r.output
@@ -226,7 +226,7 @@ def test_cli_check_over_grpc(task_dir, env_grpc_gen):
 
 
 def test_cli_generate_refuses_other_domains(tmp_path):
-    from driver.cli import app
+    from sinkflex_rl.cli import app
 
     r = CliRunner().invoke(app, ["tasks", "generate", "retail", "--train", "1", "--test", "1", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "only the mock domain" in r.output
@@ -237,7 +237,7 @@ def test_generate_and_check_refuse_bad_input_clearly(tmp_path):
     without --force, nothing to generate, too many tasks, and an --address with no server."""
     from typer.testing import CliRunner
 
-    from driver.cli import app
+    from sinkflex_rl.cli import app
 
     runner = CliRunner()
     afile = tmp_path / "afile"
@@ -255,7 +255,7 @@ def test_generate_and_check_refuse_bad_input_clearly(tmp_path):
     r = runner.invoke(app, ["tasks", "generate", "mock", "--train", "4", "--test", "2", "--out", str(out)])
     assert r.exit_code == 2 and "--force" in r.output
     assert runner.invoke(app, ["tasks", "generate", "mock", "--train", "4", "--test", "2", "--out", str(out), "--force"]).exit_code == 0
-    from driver.launcher import free_port
+    from sinkflex_rl.launcher import free_port
 
     r = runner.invoke(app, ["tasks", "check", str(out), "--env", "mock", "--address", f"127.0.0.1:{free_port()}",
                             "--ready-timeout", "1"])

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from sinkflex.config import ConfigError, merge_dicts
-from driver.config import TrainConfig, load_train_config, service_configs
+from sinkflex_rl.config import TrainConfig, load_train_config, service_configs
 
 ROOT = Path(__file__).resolve().parent.parent
 ADDRS = {"env": "127.0.0.1:1", "reward": "127.0.0.1:2", "rollout": "127.0.0.1:3", "learner": "127.0.0.1:4"}
@@ -61,7 +61,7 @@ def test_bad_fields_are_named(tmp_path, patch, message):
 
 
 def test_bad_service_section_is_named(tmp_path):
-    from driver.config import TrainConfig
+    from sinkflex_rl.config import TrainConfig
     from sinkflex.config import validate_config
 
     path = _write(tmp_path, {"learner": {"grpo": {"beta": -1}}, "env_service": {"max_sessions": 0}})
@@ -96,7 +96,7 @@ def test_service_sections_are_typed_and_dump_as_written(tmp_path):
     """Each service section is its service's own config class, merged over what the job derives
     (LAUNCH where only the start knows it); model_dump writes the sections as the file did, so a
     dumped experiment loads back to the same one."""
-    from driver.config import LAUNCH, TrainConfig
+    from sinkflex_rl.config import LAUNCH, TrainConfig
     from env_service.config import EnvServiceConfig
     from learner_service.config import LearnerConfig
     from rollout_service.config import RolloutConfig
@@ -148,7 +148,7 @@ def test_missing_and_non_yaml_files(tmp_path):
 
 
 def test_warm_start_and_generated_tasks_need_the_local_launcher(tmp_path):
-    from driver.config import TrainConfig
+    from sinkflex_rl.config import TrainConfig
     from sinkflex.config import ConfigError, validate_config
 
     services = {f"{k}_address": "127.0.0.1:1" for k in ("env", "reward", "rollout", "learner")}
@@ -165,7 +165,7 @@ def test_warm_start_and_generated_tasks_need_the_local_launcher(tmp_path):
 
 
 def test_a_bad_service_field_fails_at_load_not_at_launch(tmp_path):
-    from driver.config import load_train_config
+    from sinkflex_rl.config import load_train_config
     from sinkflex.config import ConfigError
 
     for section, field, msg in [("env_service", {"bogus_field": 1}, "  env_service.bogus_field: Extra inputs"),
@@ -179,8 +179,8 @@ def test_a_bad_service_field_fails_at_load_not_at_launch(tmp_path):
 
 
 def test_a_generated_task_set_is_not_reused_with_other_settings(tmp_path):
-    from driver.config import TrainConfig
-    from driver.local import prepare_task_files
+    from sinkflex_rl.config import TrainConfig
+    from sinkflex_rl.local import prepare_task_files
     from sinkflex.config import ConfigError, validate_config
 
     def cfg(train):
@@ -195,7 +195,7 @@ def test_a_generated_task_set_is_not_reused_with_other_settings(tmp_path):
 
 
 def test_stratified_order_deals_strata_round_robin():
-    from driver.controller import stratified_order
+    from sinkflex_rl.controller import stratified_order
 
     ids = ["c1", "c2", "s1", "c3", "u1", "s2", "c4", "u2"]
     kind = {i: {"c": "create", "s": "status", "u": "update"}[i[0]] for i in ids}
@@ -209,7 +209,7 @@ def test_stratified_order_deals_strata_round_robin():
 
 
 def test_per_purpose_breaks_validation_down_by_task_purpose():
-    from driver.controller import per_purpose
+    from sinkflex_rl.controller import per_purpose
 
     rewards = {"c1": [1.0, 0.0], "c2": [1.0, 1.0], "s1": [0.0, 0.0], "x": [1.0], "empty": []}
     purpose = {"c1": "Create a task.", "c2": "Create a task.", "s1": "Set a status."}
@@ -244,7 +244,7 @@ def test_null_sections_non_mapping_sections_and_yaml_floats(tmp_path):
     """A job section written as null or empty means its defaults (as a service section does);
     every service section that is not a mapping is named along with the job's errors; ``1e-5``
     reads as a float in the file and in --set (YAML 1.2, not PyYAML's 1.1 string)."""
-    from driver.config import TrainConfig
+    from sinkflex_rl.config import TrainConfig
 
     empty = tmp_path / "null_sections.yaml"
     empty.write_text("run:\nlocal: null\nlearner:\n")

@@ -47,7 +47,7 @@ def _train(config: Path, **popen) -> subprocess.Popen:
     env.pop("REDIS_URL", None)
     # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background (`cmd &` in a
     # script) passes SIGINT down as ignored, and Python then never raises KeyboardInterrupt
-    return subprocess.Popen([sys.executable, "-m", "driver.cli", "train", "-c", str(config)], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "sinkflex_rl.cli", "train", "-c", str(config)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen)
 

@@ -1,7 +1,7 @@
 """Training on the two envs plugged in from outside, through the real services: the bookshop
 (Python) and the clinic (TypeScript on Node), each scored by its own checker (task.reward: env).
 
-One local launch (`driver.local.launch_local`: the vLLM CPU engine's rollout service and the
+One local launch (`sinkflex_rl.local.launch_local`: the vLLM CPU engine's rollout service and the
 torchrun learner as processes, an embedded Redis, gRPC on loopback; no env service and no
 reward service, since the env runs already and scores itself) and two controllers on it: one
 RL step on bookshop (policy v0 -> v1), then one on the clinic (v1 -> v2), so the slow engine
@@ -143,11 +143,11 @@ def _experiment(run_dir: Path, policy: Path, env_address: str, env: str, task: s
 
 
 def test_train_on_both_plugged_envs_with_their_own_rewards(tmp_path, smollm2_dir, proxy, monkeypatch):
-    from driver.config import TrainConfig
-    from driver.clients import connect
-    from driver.controller import Controller
-    from driver.launcher import LocalLauncher
-    from driver.local import launch_local
+    from sinkflex_rl.config import TrainConfig
+    from sinkflex_rl.clients import connect
+    from sinkflex_rl.controller import Controller
+    from sinkflex_rl.launcher import LocalLauncher
+    from sinkflex_rl.local import launch_local
     from sinkflex.config import validate_config
 
     monkeypatch.delenv("REDIS_URL", raising=False)  # the run's embedded Redis

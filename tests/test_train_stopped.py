@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from driver.cli import app
-from driver.commands.train import set_aside_stopped
+from sinkflex_rl.cli import app
+from sinkflex_rl.commands.train import set_aside_stopped
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the demo against running services (none runs: the Controller is fake), so nothing is launched
@@ -54,12 +54,12 @@ def _fake_controller(outcomes: list):
 
 @pytest.mark.filterwarnings("ignore:No artists with labels found")  # the plots of a run with no records
 def test_a_resumed_run_that_finishes_sets_the_stop_aside(tmp_path, monkeypatch):
-    import driver.clients
-    import driver.controller
-    from driver.launcher import ServiceDied
+    import sinkflex_rl.clients
+    import sinkflex_rl.controller
+    from sinkflex_rl.launcher import ServiceDied
 
-    monkeypatch.setattr(driver.clients, "connect", lambda addresses, reward=None: None)
-    monkeypatch.setattr(driver.controller, "Controller", _fake_controller([ServiceDied(DIED), 3]))
+    monkeypatch.setattr(sinkflex_rl.clients, "connect", lambda addresses, reward=None: None)
+    monkeypatch.setattr(sinkflex_rl.controller, "Controller", _fake_controller([ServiceDied(DIED), 3]))
     run_dir = tmp_path / "run"
     args = ["train", "-c", str(ROOT / "configs" / "demo.yaml"), "--output-dir", str(run_dir)]
     for a in SETS:
@@ -110,7 +110,7 @@ def test_a_stopped_json_without_a_readable_time_is_named_by_its_mtime(tmp_path, 
 
 
 def test_sessions_accumulate_and_a_bad_line_is_skipped(tmp_path):
-    from driver.commands.train import append_session
+    from sinkflex_rl.commands.train import append_session
 
     start = time.time() - 10
     assert [x["outcome"] for x in append_session(tmp_path, start, "stopped")] == ["stopped"]

@@ -77,8 +77,8 @@ class Stack:
 
     def __init__(self, tmp: Path, smollm2_dir: Path, engine, env_address: str, reward_address: str,
                  max_staleness: int, steps: int, step_delay_s: float = 0.0, warm_start: bool = False):
-        from driver.config import TrainConfig, weight_updates
-        from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
+        from sinkflex_rl.config import TrainConfig, weight_updates
+        from sinkflex_rl.launcher import LocalLauncher, ManagedProcess, free_port, python_module
         from learner_service.config import LearnerConfig
         from rollout_service.config import RolloutConfig
         from rollout_service.server import build_server
@@ -106,7 +106,7 @@ class Stack:
         }, TrainConfig)
         learner_extra = {}
         if warm_start:  # the driver's demonstrations: golden actions played through the env and reward services
-            from driver.local import demonstrations_path, write_demonstrations_for
+            from sinkflex_rl.local import demonstrations_path, write_demonstrations_for
 
             demos = demonstrations_path(self.run_dir)
             write_demonstrations_for(self.cfg, str(smollm2_dir), {"env": env_address, "reward": reward_address}, [], demos)
@@ -131,14 +131,14 @@ class Stack:
         except BaseException:
             self.close()
             raise
-        from driver.clients import Addresses
+        from sinkflex_rl.clients import Addresses
 
         self.addresses = Addresses(env=env_address, reward=reward_address, rollout=self.rollout_address,
                                    learner=self.learner_address)
 
     def train(self) -> int:
-        from driver.clients import connect
-        from driver.controller import Controller
+        from sinkflex_rl.clients import connect
+        from sinkflex_rl.controller import Controller
 
         controller = Controller(self.cfg, connect(self.addresses), alive_check=self.launcher.check_alive)
         try:
@@ -249,7 +249,7 @@ def test_sync_every_turn_of_step_s_is_version_s_minus_1(tmp_path, smollm2_dir, e
     assert stats.unconsumed == 0 and stats.trained == stats.stream_length == steps
 
     # each validation sampled by exactly the version it names
-    from driver.controller import read_validations
+    from sinkflex_rl.controller import read_validations
 
     vals = read_validations(stack.run_dir)
     assert [(v["after"], v["policy_version"], v["sampled_policy_versions"]) for v in vals] == \
@@ -274,8 +274,8 @@ def test_async_k1_never_trains_a_group_older_than_k(tmp_path, smollm2_dir, engin
         result: dict = {}
         runner = threading.Thread(target=lambda: result.update(version=stack.train()), daemon=True)
         runner.start()
-        from driver.clients import connect
-        from driver.controller import Controller
+        from sinkflex_rl.clients import connect
+        from sinkflex_rl.controller import Controller
 
         probe = Controller(stack.cfg, connect(stack.addresses))
         try:

@@ -40,7 +40,7 @@ def test_generate_warm_start_and_one_rl_step(tmp_path, smollm2_dir):
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "driver.cli", "train", "-c", str(path)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "sinkflex_rl.cli", "train", "-c", str(path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 

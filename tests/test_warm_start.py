@@ -60,7 +60,7 @@ def tokenizer(smollm2_dir):
 
 @pytest.fixture(scope="module")
 def demos(services, tokenizer, gen_tasks):
-    from driver.warm_start import build_demonstrations
+    from sinkflex_rl.warm_start import build_demonstrations
     from tau2_adapter.tasks import domain_tasks, golden_actions
 
     env, reward = services

@@ -143,7 +143,7 @@ read). Both set and different: fail. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* driver/config.py's checks (TrainConfig._consistent) on what follows from max_staleness and
+{{/* sinkflex_rl/config.py's checks (TrainConfig._consistent) on what follows from max_staleness and
 tasks_per_step, at render time instead of at the pods' start: configOverrides may not set
 learner.max_staleness, rollout_service.weight_updates or learner.batch.groups_per_step to
 anything else, nor learner.grpo.old_logprobs "recompute" with asynchronous rollouts. */}}

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from driver.commands import check_address
+from sinkflex_rl.commands import check_address
 from sinkflex.service_cli import APP_SETTINGS
 
 app = typer.Typer(help="The env service: serve, check conformance, replay golden actions.",
@@ -82,7 +82,7 @@ def replay(
     from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs()
-    from driver.commands import env_client
+    from sinkflex_rl.commands import env_client
     from env_service.replay import replay_golden
 
     from sinkflex.errors import ServiceError

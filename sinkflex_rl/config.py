@@ -74,7 +74,7 @@ class TaskConfig(StrictModel):
     """Order of the train tasks, cycled in blocks of tasks_per_step. shuffled: a seeded
     shuffle. stratified: the same shuffle dealt round-robin across the tasks' τ²-Bench
     ``description.purpose`` (ListTasks' description), so that every block covers the kinds
-    of task as evenly as their counts allow (`driver.controller.stratified_order`)."""
+    of task as evenly as their counts allow (`sinkflex_rl.controller.stratified_order`)."""
     solo_mode: bool = False
     """The agent acts alone (no user simulator), where the environment supports it."""
     task_files: list[str] = []
@@ -113,7 +113,7 @@ class GenerateConfig(StrictModel):
 
 
 class WarmStartSettings(StrictModel):
-    """Supervised warm start from the train split's golden actions, before GRPO (driver/warm_start.py,
+    """Supervised warm start from the train split's golden actions, before GRPO (sinkflex_rl/warm_start.py,
     learner_service/sft.py). Its result is published as policy version 1; RL step N gives version N + 1."""
 
     enabled: bool = False
@@ -214,7 +214,7 @@ class LocalConfig(StrictModel):
 
     learner_procs: Optional[int] = Field(None, ge=1)
     """torchrun --nproc_per_node of the learner (FSDP2 over gloo on CPU). None (the default): 1
-    on CPU; on GPUs the learner's GPU count (`driver.placement`): leave it out, or set it to that
+    on CPU; on GPUs the learner's GPU count (`sinkflex_rl.placement`): leave it out, or set it to that
     count."""
     gpus: Optional[list[Union[int, str]]] = None
     """CUDA device ids the run may use (None: all visible, CUDA_VISIBLE_DEVICES or nvidia-smi;
@@ -236,7 +236,7 @@ class LocalConfig(StrictModel):
     (the default): "all" in a synchronous run (rollout.max_staleness 0: the engine generates
     while the learner waits), "auto" in an asynchronous one (both run at once). "all": every core
     of this process's affinity, none reserved for vLLM's scheduler, less the last core when a
-    local user simulator runs (it is bound there), at niceness 10 (`driver.local.ENGINE_NICE`:
+    local user simulator runs (it is bound there), at niceness 10 (`sinkflex_rl.local.ENGINE_NICE`:
     the warm start's learner, which trains while the base model is validated, keeps its share
     of the cores): 80 rollouts of ~900 + 96 tokens took 84 s
     against 153 s with vLLM's default on 2 cores. "auto": vLLM's default (one core per NUMA node
@@ -338,7 +338,7 @@ class TrainConfig(StrictModel):
                 and not self.services.env_only()):
             raise ValueError("models.user_simulator is required unless task.solo_mode is true")
         if self.local.gpus is not None:  # the listed GPUs' split, before anything starts (visibility: at launch)
-            from driver.placement import place
+            from sinkflex_rl.placement import place
 
             place(self.local, visible=[str(g) for g in self.local.gpus], user_sim=self.launches_user_sim())
         if self.task.reward_address and self.task.reward != "service":
@@ -617,7 +617,7 @@ def _resolve(root: dict, node: dict) -> dict:
 
 
 def demonstrations_path(run_dir: Path) -> Path:
-    """Where the local launch writes the warm start's demonstrations (`driver.warm_start`)."""
+    """Where the local launch writes the warm start's demonstrations (`sinkflex_rl.warm_start`)."""
     return run_dir / "warm_start" / "demonstrations.pb"
 
 
@@ -633,7 +633,7 @@ def launch_inputs(cfg: TrainConfig) -> dict[str, Any]:
     if not cfg.uses_local_reward_service():
         addresses["reward"] = ""
     task_files = list(cfg.task.task_files)
-    if cfg.task.generate is not None:  # driver.local.prepare_task_files writes them there at start
+    if cfg.task.generate is not None:  # sinkflex_rl.local.prepare_task_files writes them there at start
         task_files.append(str(run_dir / "tasks"))
     return {"policy_dir": LAUNCH, "addresses": addresses, "redis_url": cfg.services.redis_url or LAUNCH,
             "user_base_url": LAUNCH if cfg.launches_user_sim() else None, "task_files": task_files,

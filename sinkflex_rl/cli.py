@@ -1,6 +1,6 @@
 """The `sinkflex-rl` command line.
 
-Each command group lives in its own module under `driver/commands/` and imports its
+Each command group lives in its own module under `sinkflex_rl/commands/` and imports its
 heavy dependencies (torch, vLLM, tau2) inside the command, so `sinkflex-rl --help` is fast.
 """
 
@@ -23,7 +23,7 @@ app = typer.Typer(
     **APP_SETTINGS,
 )
 
-#: (module under driver.commands, group name or "" for top-level commands)
+#: (module under sinkflex_rl.commands, group name or "" for top-level commands)
 _COMMAND_MODULES = [("config", "config"), ("env", "env"), ("models", "models"), ("tasks", "tasks"), ("train", "")]
 
 
@@ -49,9 +49,9 @@ def _main(
 
 for _module, _group in _COMMAND_MODULES:
     try:
-        _mod = importlib.import_module(f"driver.commands.{_module}")
+        _mod = importlib.import_module(f"sinkflex_rl.commands.{_module}")
     except ModuleNotFoundError as _err:  # a command group not built yet
-        if _err.name != f"driver.commands.{_module}":
+        if _err.name != f"sinkflex_rl.commands.{_module}":
             raise
         continue
     if _group:

@@ -4,7 +4,7 @@ Order: embedded Redis (in this process, data under <run_dir>/redis so that a re-
 resumes the stream), the generated task set (`task.generate`, into <run_dir>/tasks), the
 frozen user-simulator model server, env, reward, rollout (policy engine); then, with a
 warm start, the demonstrations (golden actions played through the env and reward services,
-driver/warm_start.py, into <run_dir>/warm_start/demonstrations.pb); then the learner
+sinkflex_rl/warm_start.py, into <run_dir>/warm_start/demonstrations.pb); then the learner
 (torchrun), which trains on them first. Each service config is written to
 <run_dir>/configs/<service>.yaml — the exact configuration that ran — and passed with
 `--config`.
@@ -14,7 +14,7 @@ over gRPC from examples/), no env service and no user-simulator model are launch
 reward service is launched only when something uses it (`TrainConfig.uses_local_reward_service`:
 task.reward service without task.reward_address, or a warm start).
 
-GPUs (`driver.placement.place`, from the `local` section and the visible devices): each
+GPUs (`sinkflex_rl.placement.place`, from the `local` section and the visible devices): each
 process gets its CUDA_VISIBLE_DEVICES (env and reward none), the learner one torchrun rank
 per GPU of its share, the engine tensor parallelism over its share. With no GPU visible
 (the embedded default) every command and environment is the CPU one.
@@ -30,12 +30,12 @@ from pathlib import Path
 
 import yaml
 
-from driver.launcher import LocalLauncher, ManagedProcess, free_port, python_module
-from driver.placement import Placement, place, visible_gpus
+from sinkflex_rl.launcher import LocalLauncher, ManagedProcess, free_port, python_module
+from sinkflex_rl.placement import Placement, place, visible_gpus
 from sinkflex.models import resolve_model
-from driver.config import LocalConfig, TrainConfig, demonstrations_path, service_configs
+from sinkflex_rl.config import LocalConfig, TrainConfig, demonstrations_path, service_configs
 from sinkflex.config import ConfigError
-from driver.clients import Addresses
+from sinkflex_rl.clients import Addresses
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def placement_for(cfg: TrainConfig, visible: list[str] | None = None) -> Placeme
     """The GPU placement of `cfg`'s local processes on `visible` (default: `visible_gpus()`).
 
     Raises:
-        ConfigError: the split does not fit (driver.placement), or rollout_service.engine.tensor_parallel_size
+        ConfigError: the split does not fit (sinkflex_rl.placement), or rollout_service.engine.tensor_parallel_size
             disagrees with local.engine_gpus.
     """
     p = place(cfg.local, visible_gpus() if visible is None else visible, user_sim=cfg.launches_user_sim())
@@ -175,7 +175,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
 
 
 #: niceness of a CPU rollout engine bound to every core (`local.engine_cpu_threads_bind` "all"),
-#: its own and its session's autogroup's (`driver.launcher.renice_self`): in a synchronous run
+#: its own and its session's autogroup's (`sinkflex_rl.launcher.renice_self`): in a synchronous run
 #: nothing else computes while it generates, except the warm start's learner during the base
 #: model's validation, which then keeps its cores (measured on 2 cores: at equal priority one SFT
 #: step took 229 s and the learner had 40 % of a core; with the engine's group at nice 10, 156 %)
@@ -251,7 +251,7 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
 
     from transformers import AutoTokenizer
 
-    from driver.warm_start import build_demonstrations
+    from sinkflex_rl.warm_start import build_demonstrations
     from env_service.client import GrpcEnvClient
     from learner_service.sft import write_demonstrations
     from reward_service.client import GrpcRewardClient
@@ -279,6 +279,6 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
 
 def external_addresses(cfg: TrainConfig) -> Addresses:
     """The addresses of services that run already (services.*, all set: `ServicesConfig.external`);
-    `driver.clients.connect` makes the clients."""
+    `sinkflex_rl.clients.connect` makes the clients."""
     s = cfg.services
     return Addresses(env=s.env_address, reward=s.reward_address, rollout=s.rollout_address, learner=s.learner_address)

@@ -3,7 +3,7 @@
 Every service has one client interface with an in-process and a gRPC implementation
 (`env_service.client`, `reward_service.client`, `rollout_service.client`,
 `learner_service.client`); `connect` is the one place that picks them. The controller
-(`driver.controller.Controller`) takes the `ServiceClients` it returns and never sees a
+(`sinkflex_rl.controller.Controller`) takes the `ServiceClients` it returns and never sees a
 channel, a stub or a `grpc.RpcError`: every client raises `sinkflex.errors.ServiceError`
 (`ServiceError.retryable` for a service that is busy, loading or restarting).
 

@@ -50,7 +50,7 @@ address, instead of learning from zeros. With task.reward: env the env's own ter
 is the reward, and no reward service is asked.
 
 The controller owns no model and no tensor: it talks to the services through their clients
-only (`driver.clients.connect`: gRPC to local processes or a cluster, or in-process objects in
+only (`sinkflex_rl.clients.connect`: gRPC to local processes or a cluster, or in-process objects in
 tests), and every failure it handles is a `sinkflex.errors.ServiceError`. The learner is the
 source of truth for the policy version; a re-run resumes from the learner's checkpoint.
 """
@@ -75,11 +75,11 @@ from sinkflex.api.rollout.v1 import rollout_pb2
 from sinkflex.config import ConfigError
 from sinkflex.errors import ServiceError
 from sinkflex.reporting import MetricsWriter, mean_ci, pass_hat_k
-from driver.clients import Addresses, ServiceClients
-from driver.config import TrainConfig
+from sinkflex_rl.clients import Addresses, ServiceClients
+from sinkflex_rl.config import TrainConfig
 
 __all__ = ["Addresses", "Controller", "ServiceClients", "paired_difference", "per_purpose", "read_validations",
-           "stratified_order", "validation_dir"]  # Addresses, ServiceClients: from driver.clients
+           "stratified_order", "validation_dir"]  # Addresses, ServiceClients: from sinkflex_rl.clients
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Controller:
 
     Args:
         cfg: the experiment.
-        clients: the services' clients (`driver.clients.connect`, from addresses or in-process
+        clients: the services' clients (`sinkflex_rl.clients.connect`, from addresses or in-process
             objects); `clients.reward` is the reward service that scores task.env (when
             task.reward_address is set: the one there). The controller closes them (`close`).
         alive_check: called while waiting; raises if a launched process died.

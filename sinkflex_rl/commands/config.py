@@ -36,7 +36,7 @@ def show(
     """
     import yaml
 
-    from driver.config import LAUNCH, load_train_config
+    from sinkflex_rl.config import LAUNCH, load_train_config
     from sinkflex.config import ConfigError, describe_source
 
     overrides = overrides or []
@@ -71,18 +71,18 @@ def schema() -> None:
     """
     import json
 
-    from driver.config import experiment_schema
+    from sinkflex_rl.config import experiment_schema
 
     typer.echo(json.dumps(experiment_schema(), indent=2))
 
 
 def launched_service_configs(cfg) -> dict[str, Any]:
     """{section: config as a JSON-able dict} of every service `train` would launch locally for
-    `cfg`: its typed service sections, resolved at load by `driver.config.service_configs` as
-    `driver.local.launch_local` does, with `driver.config.LAUNCH` for what is known only at
+    `cfg`: its typed service sections, resolved at load by `sinkflex_rl.config.service_configs` as
+    `sinkflex_rl.local.launch_local` does, with `sinkflex_rl.config.LAUNCH` for what is known only at
     start. Empty when every service runs already.
     """
-    from driver.config import SERVICE_SECTIONS
+    from sinkflex_rl.config import SERVICE_SECTIONS
 
     if cfg.services.external():
         return {}

@@ -1,7 +1,7 @@
 """GPU placement of the local launcher's processes (`place`): which CUDA devices each one sees.
 
 A pure function of the `local` config section, the visible device ids and whether a
-user-simulator model server is launched; `driver.local.launch_local` applies the result
+user-simulator model server is launched; `sinkflex_rl.local.launch_local` applies the result
 (each process's CUDA_VISIBLE_DEVICES, torchrun's --nproc_per_node, vLLM's tensor parallel
 size), and `TrainConfig` calls it at load time when `local.gpus` lists the devices.
 
@@ -92,7 +92,7 @@ def visible_gpus(environ: Mapping[str, str] | None = None, nvidia_smi: str | Non
 
 
 def place(local, visible: list[str], user_sim: bool = False) -> Placement:
-    """The placement of `local` (a `driver.config.LocalConfig`) on the `visible` device ids.
+    """The placement of `local` (a `sinkflex_rl.config.LocalConfig`) on the `visible` device ids.
 
     Args:
         local: the `local` section (gpus, engine_gpus, user_sim_gpus, share_gpus,

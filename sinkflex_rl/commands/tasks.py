@@ -18,7 +18,7 @@ from typing import Optional
 
 import typer
 
-from driver.commands import check_address
+from sinkflex_rl.commands import check_address
 from sinkflex.service_cli import APP_SETTINGS
 
 #: Most tasks one `tasks generate` writes per split (the generator holds them all in memory).
@@ -97,7 +97,7 @@ def check(
     from rich.progress import Progress
     from rich.table import Table
 
-    from driver.commands import env_client
+    from sinkflex_rl.commands import env_client
     from tau2_adapter.logs import quiet_tau2_logs
     from env_service.replay import replay_golden
     from sinkflex.api.common.v1 import common_pb2

@@ -1,4 +1,4 @@
-"""`sinkflex-rl train -c CONFIG`: the main job (see driver/)."""
+"""`sinkflex-rl train -c CONFIG`: the main job (see sinkflex_rl/)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 from sinkflex.service_cli import APP_SETTINGS
 
 app = typer.Typer(**APP_SETTINGS)
-log = logging.getLogger("driver.train")
+log = logging.getLogger("sinkflex_rl.train")
 
 
 @app.command()
@@ -52,13 +52,13 @@ def train(
     quiet_tau2_logs()  # before anything imports tau2 (task generation and the warm start do, here)
     from sinkflex.buffer import TrajectoryBuffer
     from sinkflex.config import ConfigError
-    from driver.launcher import LocalLauncher, ServiceDied
+    from sinkflex_rl.launcher import LocalLauncher, ServiceDied
     from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
     from sinkflex.tracking import open_trackers
-    from driver.config import load_train_config
-    from driver.clients import connect
-    from driver.controller import Controller, paired_difference, read_validations
-    from driver.local import external_addresses, launch_local
+    from sinkflex_rl.config import load_train_config
+    from sinkflex_rl.clients import connect
+    from sinkflex_rl.controller import Controller, paired_difference, read_validations
+    from sinkflex_rl.local import external_addresses, launch_local
 
     console = Console()
     errors = Console(stderr=True)
