@@ -514,9 +514,9 @@ no validation): [bench_async_short.md](bench_async_short.md). How the modes work
 
 
 def demo_projection() -> dict | None:
-    """The same projection from the idle timing-reference demo run (run 7, docs/results/demo-run7/metrics.jsonl: the demo
+    """The same projection from the idle reference demo run (run 17, docs/results/demo/metrics.jsonl: the demo
     config on 2 idle cores): mean Rollout request vs the rest of a step."""
-    path = ROOT / "docs" / "results" / "demo-run7" / "metrics.jsonl"
+    path = ROOT / "docs" / "results" / "demo" / "metrics.jsonl"
     if not path.is_file():
         return None
     train = [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "train"]
@@ -524,7 +524,7 @@ def demo_projection() -> dict | None:
         return None
     r = sum(x["rollout_s"] for x in train) / len(train)
     step = sum(x["step_s"] for x in train) / len(train)
-    return {"source": "docs/results/demo-run7/metrics.jsonl", "steps": len(train), "rollout_s": round(r, 1),
+    return {"source": "docs/results/demo/metrics.jsonl", "steps": len(train), "rollout_s": round(r, 1),
             "learner_and_publish_s": round(step - r, 1), "versions_per_hour_ratio": round(step / max(r, step - r), 3)}
 
 
