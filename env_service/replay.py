@@ -120,3 +120,53 @@ def replay_golden(client, env: str, task_id: str, solo_mode: bool = False,
         breakdown = {str(k.value if hasattr(k, "value") else k): v for k, v in (info.reward_breakdown or {}).items()}
     return ReplayResult(session_id=reset.session_id, messages=messages, termination_reason=reason,
                         server_reward=step.reward, reward=reward, breakdown=breakdown, num_steps=n)
+
+
+def replay_dialogue(client, env: str, task, agent, max_turns: int = 12, edit: Optional[Callable] = None,
+                    close: bool = True, seed: int = 1, evaluate: bool = True) -> ReplayResult:
+    """Runs a scripted agent against the env's user simulator (solo mode off) and scores the episode.
+
+    Args:
+        client: an EnvClient serving `task` (its user simulator answers the user's turns).
+        task: the τ²-Bench Task (its id is Reset).
+        agent: `next_turn(user_text, tool_answer) -> turn` with `turn.content`, `turn.tool`,
+            `turn.arguments` and `turn.stop` (e.g. `tau2_adapter.generate_dual.GoldenAgent`); it is
+            given the user's last message, or the tool's answer after a tool call.
+        max_turns: agent turns at most (the episode is then left as it is, unscored by the env).
+        edit: optional `turn -> turn` applied to every agent turn (e.g. one wrong argument).
+    """
+    reset = client.reset(env_pb2.ResetRequest(env=env, task_id=task.id, solo_mode=False, seed=seed))
+    messages = list(reset.observation)
+    users = [m.content for m in reset.observation if m.role == common_pb2.ROLE_USER]
+    user_text, tool_answer = (users[-1] if users else None), None
+    step, n = None, 0
+    for n in range(1, max_turns + 1):
+        turn = agent.next_turn(user_text, tool_answer)
+        if edit is not None:
+            turn = edit(turn)
+        if turn.tool is not None:
+            msg = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, tool_calls=[common_pb2.ToolCall(
+                id=f"dialogue-{n}", name=turn.tool, arguments_json=json.dumps(turn.arguments),
+                requestor=common_pb2.ROLE_ASSISTANT)])
+        else:
+            msg = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, content=turn.content or "")
+        step = client.step(env_pb2.StepRequest(session_id=reset.session_id, action=msg, stop=bool(turn.stop)))
+        messages += [msg, *step.observation]
+        if step.terminated or step.truncated:
+            break
+        tools = [m.content for m in step.observation if m.role == common_pb2.ROLE_TOOL]
+        users = [m.content for m in step.observation if m.role == common_pb2.ROLE_USER]
+        tool_answer = tools[-1] if tools else None
+        user_text = users[-1] if users and not tools else None
+    if close:
+        client.close(reset.session_id)
+    ended = step is not None and (step.terminated or step.truncated)
+    reason = PB_TO_TAU2.get(step.termination_reason, "agent_error") if ended else "max_steps"
+    reward, breakdown = float("nan"), {}
+    if evaluate:
+        info = score(env, task, messages, reason, solo_mode=False)
+        reward = float(info.reward)
+        breakdown = {str(k.value if hasattr(k, "value") else k): v for k, v in (info.reward_breakdown or {}).items()}
+    return ReplayResult(session_id=reset.session_id, messages=messages, termination_reason=reason,
+                        server_reward=step.reward if step is not None else 0.0, reward=reward, breakdown=breakdown,
+                        num_steps=n)
