@@ -141,7 +141,8 @@ def run(args: Namespace) -> int:
         from sinkflex.buffer import TrajectoryBuffer
 
         b = cfg.buffer
-        buffer = TrajectoryBuffer(url=b.url, stream=b.stream, consumer_group=b.consumer_group, claim_idle_ms=b.claim_idle_ms)
+        buffer = TrajectoryBuffer(url=b.url, stream=b.stream, consumer_group=b.consumer_group, claim_idle_ms=b.claim_idle_ms,
+                                  max_deliveries=b.max_deliveries, keep_acked=b.keep_acked)
     kill_at = os.environ.get("SINKFLEX_LEARNER_KILL_BEFORE_ACK_STEP")  # fault injection (tests)
     runner = LearnerRunner(learner, buffer, kill_before_ack_step=int(kill_at) if kill_at else None)
     if learner.rank == 0 and not args.no_server:

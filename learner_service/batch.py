@@ -154,6 +154,54 @@ class Group:
         return cls(group.group_id, group.task_id, group.env, tuple(rollouts), info, group_policy_version(group))
 
 
+def validate_group(group: common_pb2.TrajectoryGroup, vocab_size: int) -> None:
+    """Checks a group the learner has just read, before anything is computed from it.
+
+    A group that fails is poison: training on it would raise inside the step (an embedding
+    lookup past the vocabulary) or train on garbage, so the learner moves it to the
+    dead-letter stream with the message of this error (learner_service/loop.py).
+
+    Args:
+        group: the TrajectoryGroup as read from the buffer.
+        vocab_size: rows of the learner's input embedding; every token id must be in
+            [0, vocab_size).
+
+    Raises:
+        ValueError: no trajectories; a trajectory whose token_ids, logprobs and loss_mask differ
+            in length or that has fewer than 2 tokens; a token id outside the vocabulary; a
+            loss-mask value other than 0/1 or a mask on the first token; a non-finite
+            engine log-prob on a masked token; an infinite reward (NaN marks an unscored
+            rollout and is allowed). The message names the group, the trajectory and the
+            first offending index and value.
+    """
+    if len(group.trajectories) == 0:
+        raise ValueError(f"group {group.group_id!r} has no trajectories")
+    for i, tr in enumerate(group.trajectories):
+        where = f"group {group.group_id!r} trajectory {i} ({tr.trajectory_id[:80]!r})"
+        n, nl, nm = len(tr.token_ids), len(tr.logprobs), len(tr.loss_mask)
+        if not (n == nl == nm):
+            raise ValueError(f"{where}: token_ids {n}, logprobs {nl}, loss_mask {nm} differ in length")
+        if n < 2:
+            raise ValueError(f"{where}: needs at least 2 tokens, has {n}")
+        ids = torch.tensor(list(tr.token_ids), dtype=torch.int64)
+        bad = ((ids < 0) | (ids >= vocab_size)).nonzero()
+        if bad.numel():
+            k = int(bad[0])
+            raise ValueError(f"{where}: token id {int(ids[k])} at {k} is outside the vocabulary [0, {vocab_size})")
+        mask = torch.tensor(list(tr.loss_mask), dtype=torch.int64)
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError(f"{where}: loss_mask values must be 0 or 1")
+        if int(mask[0]) != 0:
+            raise ValueError(f"{where}: loss_mask[0] must be 0 (the first token has no log-prob)")
+        logp = torch.tensor(list(tr.logprobs), dtype=torch.float32)
+        bad = (~torch.isfinite(logp) & (mask == 1)).nonzero()
+        if bad.numel():
+            k = int(bad[0])
+            raise ValueError(f"{where}: log-prob {float(logp[k])} at {k} (a loss-mask token) is not finite")
+        if math.isinf(tr.reward):
+            raise ValueError(f"{where}: reward {tr.reward} is infinite")
+
+
 def rollouts_from_group(
     group: common_pb2.TrajectoryGroup, adv_eps: float = 1e-6, max_seq_len: int | None = None, shaping=None
 ) -> tuple[list[Rollout], GroupInfo]:

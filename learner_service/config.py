@@ -135,7 +135,8 @@ class BatchConfig(StrictModel):
     micro_batch_size: int = Field(4, ge=1)
     """Rollouts per forward/backward on each rank (gradients accumulate)."""
     max_seq_len: int | None = Field(None, ge=2)
-    """Longer trajectories are cut to this many tokens (cut tokens are not trained; counted)."""
+    """Longer trajectories are cut to this many tokens (cut tokens are not trained; counted).
+    None: the model's max_position_embeddings."""
     pad_token_id: int = Field(0, ge=0)
     pack_tokens: int | None = Field(None, ge=2)
     """None: one rollout per row, right-padded. L: pack rollouts into rows of at most L
@@ -169,6 +170,11 @@ class BufferConfig(StrictModel):
     claim_idle_ms: int = Field(300_000, ge=1)
     """A group delivered and not acknowledged for this long is redelivered (to this learner
     after a restart, or to another). Must exceed checkpoint_every steps of training."""
+    max_deliveries: int = Field(3, ge=1)
+    """A group delivered more often than this without being acknowledged (its step raised, or
+    the learner died, each time) goes to the dead-letter stream instead of a further try."""
+    keep_acked: int = Field(64, ge=0)
+    """Acknowledged groups kept in the stream as history; older ones are deleted at ack."""
 
 
 class WarmStartConfig(StrictModel):

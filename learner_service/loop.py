@@ -24,6 +24,19 @@ counted (`LearnerState.groups_dropped_stale`, metrics dropped_stale_groups per s
 dropped_stale_groups_total). The version only changes when a step is trained, so the check
 at read time is the check at training time.
 
+Poison groups: each group is checked when rank 0 reads it (`batch.validate_group`: token ids
+inside the vocabulary, lengths and masks consistent, finite log-probs and rewards; then
+`Group.from_proto`); one that fails goes to the buffer's dead-letter stream with the error as
+its reason, acknowledged and never trained, counted (`LearnerRunner.dead_lettered`, metric
+dead_lettered_groups_total), and training goes on. Trajectories are cut to `batch.max_seq_len`,
+by default the model's `max_position_embeddings`. A step that raises anyway (world size 1)
+rolls the learner back to its latest checkpoint and takes its unacknowledged entries back
+(`TrajectoryBuffer.take_back`; each delivery counts); an entry delivered more than
+`buffer.max_deliveries` times is dead-lettered by the buffer's `read`, so a group that makes the
+step raise N times stops being retried and the rest train. With several ranks the exception
+ends the process; the restarted learner resumes from its checkpoint and the same delivery
+count applies.
+
 Idle time: each step's metrics hold learner_idle_s (waiting for groups before it) and, from
 the second step on, learner_idle_fraction: the share of the learner's wall time since the
 first step started spent waiting for groups (the rest: training, checkpoints, publishing).
@@ -41,8 +54,8 @@ from concurrent.futures import Future
 
 import torch.distributed as dist
 
-from learner_service.batch import Group
-from learner_service.checkpoint import save_checkpoint
+from learner_service.batch import Group, validate_group
+from learner_service.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from learner_service.publish import policy_dir, publish_policy
 from learner_service.trainer import Learner
 
@@ -77,7 +90,12 @@ class LearnerRunner:
         self._lock = threading.Lock()
         self._ckpt_waiters: list[Future] = []
         self.last_checkpoint: str = ""
-        self.invalid_groups = 0
+        self.invalid_groups = 0  # groups that failed validation (rank 0), dead-lettered
+        self.dead_lettered = 0  # groups this runner moved to the dead-letter stream (rank 0)
+        self.step_failures = 0  # steps that raised and were rolled back to the checkpoint
+        model_cfg = getattr(learner.model, "config", None)
+        self.max_seq_len = learner.cfg.batch.max_seq_len or getattr(model_cfg, "max_position_embeddings", None)
+        self.vocab_size = _vocab_size(learner.model)
         self._dropped_since_step = 0  # stale groups dropped since the last step (rank 0)
 
     # ------------------------------------------------------------------ requests (any thread)
@@ -101,11 +119,13 @@ class LearnerRunner:
         if want > 0:
             for entry in self.buffer.read(cfg.buffer.consumer, count=want, block_ms=cfg.buffer.block_ms):
                 try:  # the one conversion of this group (batch.Group): validated, advantages computed
-                    group = Group.from_proto(entry.group, cfg.grpo.adv_eps, cfg.batch.max_seq_len, cfg.grpo.reward_shaping)
+                    validate_group(entry.group, self.vocab_size)
+                    group = Group.from_proto(entry.group, cfg.grpo.adv_eps, self.max_seq_len, cfg.grpo.reward_shaping)
                 except ValueError as err:
                     self.invalid_groups += 1
-                    log.error("dropping invalid group %s (entry %s): %s", entry.group.group_id, entry.entry_id, err)
-                    self.buffer.ack([entry], trained=False)
+                    self.dead_lettered += 1
+                    log.error("dead-lettering invalid group %s (entry %s): %s", entry.group.group_id, entry.entry_id, err)
+                    self.buffer.dead_letter(cfg.buffer.consumer, [entry], f"learner validation: {err}")
                     continue
                 if self._too_stale(entry, group):
                     continue
@@ -130,6 +150,24 @@ class LearnerRunner:
         self._dropped_since_step += 1
         log.warning("dropping group %s (entry %s): sampled by policy version %d, the learner is at %d "
                     "(max_staleness %d)", entry.group.group_id, entry.entry_id, oldest, version, k)
+        return True
+
+    def _roll_back(self, collected: list, pending: list) -> bool:
+        """A step raised: with one rank and a checkpoint to return to, restores it, takes the
+        unacknowledged entries back from the buffer (redelivered, their delivery count up by
+        one) and returns True; otherwise False (the caller re-raises: the process ends)."""
+        learner = self.learner
+        if learner.world > 1 or self.buffer is None or latest_checkpoint(learner.cfg.run_dir) is None:
+            return False
+        self.step_failures += 1
+        log.exception("learner step %d raised (groups %s): rolling back to the latest checkpoint; its groups are "
+                      "delivered again, and one delivered more than %d times is dead-lettered", learner.state.step + 1,
+                      [e.group.group_id for e, _ in collected], self.buffer.max_deliveries)
+        learner.optimizer.zero_grad(set_to_none=True)
+        load_checkpoint(learner)
+        collected.clear()
+        pending.clear()
+        self.buffer.take_back(learner.cfg.buffer.consumer)
         return True
 
     def _broadcast(self, tick: Tick | None) -> Tick:
@@ -228,7 +266,14 @@ class LearnerRunner:
                 self._dropped_since_step = 0
                 if cfg.step_delay_s:
                     time.sleep(cfg.step_delay_s)  # a learner slowed on purpose (tests, benchmarks)
-                metrics = learner.train_step(tick.groups, extra)
+                extra["dead_lettered_groups_total"] = float(self.dead_lettered)
+                try:
+                    metrics = learner.train_step(tick.groups, extra)
+                except Exception:
+                    if not self._roll_back(collected, pending):
+                        raise
+                    dirty = False
+                    continue
                 if self.on_step is not None and learner.rank == 0:
                     self.on_step(metrics)
                 pending.extend(e for e, _ in collected)
@@ -252,3 +297,11 @@ class LearnerRunner:
         for fut in waiters:
             fut.set_exception(RuntimeError("learner stopped before the checkpoint was written"))
         return learner.state.step
+
+
+def _vocab_size(model) -> int:
+    """Rows of the model's input embedding (the token ids it can look up)."""
+    try:
+        return int(model.get_input_embeddings().num_embeddings)
+    except (AttributeError, TypeError):
+        return int(model.config.vocab_size)

@@ -81,12 +81,14 @@ def test_loop_converts_each_group_once_and_drops_invalid_ones(tmp_path, conversi
         runner = LearnerRunner(learner, buf)
         with caplog.at_level(logging.ERROR, logger="learner_service.loop"):
             assert runner.run(max_steps=1) == 1
-        assert sorted(conversions) == ["bad", "r0", "r1"]  # one conversion per group read, none in train_step
+        assert sorted(conversions) == ["r0", "r1"]  # one conversion per valid group read, none in train_step
         assert len(seen) == 1 and all(isinstance(g, Group) for g in seen[0])
         assert sorted(g.group_id for g in seen[0]) == ["r0", "r1"]
-        assert runner.invalid_groups == 1
-        assert "dropping invalid group bad" in caplog.text and "loss_mask[0] must be 0" in caplog.text
+        assert runner.invalid_groups == 1 and runner.dead_lettered == 1
+        assert "dead-lettering invalid group bad" in caplog.text and "loss_mask[0] must be 0" in caplog.text
         assert buf.stats().unconsumed == 0 and buf.trained(["r0", "r1", "bad"]) == {"r0", "r1"}
+        [dead] = buf.dead_letters()
+        assert dead["source_id"] and "loss_mask[0] must be 0" in dead["reason"]
     finally:
         buf.delete()
         buf.close()

@@ -17,8 +17,8 @@ Semantics: at-least-once delivery + idempotent training by group id = effectivel
   for more than `claim_idle_ms`, the next `read` of any consumer reclaims it (XAUTOCLAIM)
   and delivers it again (`BufferEntry.deliveries` > 1). Nothing is lost: a new read
   reply lost on the wire also leaves the entries pending, to be reclaimed the same way.
-- Training once: `ack(entries)` is one MULTI/EXEC transaction — XACK and SADD of the group
-  ids to the trained set ``<stream>:trained`` — and `read` acknowledges and drops any
+- Training once: `ack(entries)` is one Lua script — XACK and ZADD of the group ids to the
+  trained set ``<stream>:trained`` (a sorted set scored by time) — and `read` acknowledges and drops any
   entry whose group id is already in that set, or in `skip_group_ids`, or repeated in the
   same read. A learner that crashes after its optimiser step but before `ack` restores
   its checkpoint, which is the source of truth: it passes the checkpoint's trained group
@@ -55,8 +55,19 @@ Failure cases:
   exponential back-off (tenacity), then raises `BufferConnectionError` naming the URL.
 - The embedded server's owner process is SIGKILLed: the server keeps running; see
   `sinkflex.buffer.embedded`.
+- A poison entry (decodes, but the learner cannot train it): the learner moves it to the
+  dead-letter stream with its reason (`dead_letter`); one delivered more than
+  `max_deliveries` times without an ack (its step raised or killed the learner each time)
+  is dead-lettered by `read` itself.
+- Memory: `ack` deletes acknowledged history beyond `keep_acked` entries and forgets trained
+  ids older than `trained_ttl_s` or beyond the newest `trained_max`; `stats()` reports
+  Redis's used memory against its `maxmemory` and logs a warning past `memory_warn_fraction`
+  (run Redis with `maxmemory` and `maxmemory-policy noeviction`: a full Redis refuses writes,
+  it never drops a group).
+- Access: `username` and `password_file` (env `REDIS_USERNAME`, `REDIS_PASSWORD_FILE`) log in
+  as a Redis ACL user without the password on any command line (`sinkflex.buffer.acl`).
 Limits: one consumer group per stream; a single Redis instance (derived keys are not
-hash-tagged for Redis Cluster); the trained set grows by one group id per group.
+hash-tagged for Redis Cluster).
 """
 
 from sinkflex.buffer.embedded import REDIS_URL_ENV, embedded_redis_url, resolve_redis_url

@@ -1,6 +1,6 @@
 """Lua scripts of the trajectory buffer: each runs atomically inside Redis."""
 
-# Atomic producer step (KEYS: stream, unconsumed set, put key; ARGV: type, group id,
+# Atomic producer step (KEYS: stream, unconsumed set, put key, counts hash; ARGV: type, group id,
 # payload, max_pending_groups, maxlen, put-key ttl s). Returns {1, entry id} or {0, reason}.
 # The length cap only ever trims entries older than the oldest unconsumed one (XTRIM
 # MINID), i.e. acknowledged entries; when that is not enough the put waits like backpressure.
@@ -42,6 +42,7 @@ end
 local id = redis.call('XADD', KEYS[1], '*', 'type', ARGV[1], 'group_id', ARGV[2], 'data', ARGV[3])
 redis.call('SADD', KEYS[2], id)
 redis.call('SET', KEYS[3], id, 'EX', tonumber(ARGV[6]))
+redis.call('HINCRBY', KEYS[4], 'added', 1)
 return {1, id}
 """
 
@@ -60,4 +61,44 @@ for i = 3, #ARGV do
   end
 end
 return out
+"""
+
+# Acknowledgement (KEYS: stream, unconsumed set, trained sorted set; ARGV: group, keep_acked,
+# trained ttl s, trained_max, now s, n, n entry ids, then the group ids to record as trained).
+# XACK + SREM of each id, ZADD of the trained ids (score: now), then the trained set is cut to
+# ids newer than now - ttl and to the newest trained_max, and acknowledged history beyond
+# keep_acked entries is deleted oldest first (an id still in the unconsumed set is never
+# deleted). Returns how many ids were still pending.
+ACK_LUA = """
+local n = tonumber(ARGV[6])
+local acked = 0
+for i = 7, 6 + n do
+  acked = acked + redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+  redis.call('SREM', KEYS[2], ARGV[i])
+end
+local now = tonumber(ARGV[5])
+if #ARGV >= 7 + n then
+  for i = 7 + n, #ARGV do
+    redis.call('ZADD', KEYS[3], now, ARGV[i])
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. tostring(now - tonumber(ARGV[3])))
+  local card = redis.call('ZCARD', KEYS[3])
+  local maxn = tonumber(ARGV[4])
+  if card > maxn then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, card - maxn - 1) end
+end
+local excess = redis.call('XLEN', KEYS[1]) - redis.call('SCARD', KEYS[2]) - tonumber(ARGV[2])
+local start = '-'
+while excess > 0 do
+  local batch = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 100)
+  if #batch == 0 then break end
+  for _, e in ipairs(batch) do
+    if excess <= 0 then break end
+    if redis.call('SISMEMBER', KEYS[2], e[1]) == 0 then
+      redis.call('XDEL', KEYS[1], e[1])
+      excess = excess - 1
+    end
+    start = '(' .. e[1]
+  end
+end
+return acked
 """

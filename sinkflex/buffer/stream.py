@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -19,7 +20,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.buffer.embedded import redacted, resolve_redis_url
-from sinkflex.buffer.lua import PUT_LUA, TOUCH_LUA
+from sinkflex.buffer.lua import ACK_LUA, PUT_LUA, TOUCH_LUA
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,20 @@ def _warn_if_open(url: str) -> None:
             None, "localhost", "127.0.0.1", "::1"):
         log.warning("Redis at %s has no password in its URL: anyone who reaches it can read and write the "
                     "trajectories; set one (requirepass) and give it as redis://:PASSWORD@host:port/0", url)
+
+
+def _read_secret(path: str) -> str:
+    """The first line of a password file (a Kubernetes Secret or compose secret mounted as a file)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().strip()
+    except OSError as err:
+        raise ValueError(f"Redis password file {path!r}: cannot read it: {err.strerror or err}") from None
+
+
+#: Environment variables giving the buffer's Redis user and the file holding its password.
+REDIS_USERNAME_ENV = "REDIS_USERNAME"
+REDIS_PASSWORD_FILE_ENV = "REDIS_PASSWORD_FILE"
 
 
 class BufferConnectionError(ConnectionError):
@@ -84,6 +99,9 @@ class BufferStats:
         trained: group ids recorded as trained.
         dead_letters: entries in the dead-letter stream.
         oldest_unconsumed_age_s: age in seconds of the oldest unconsumed group (0: none).
+        added: groups ever added to the stream (a counter: trimmed history included).
+        memory_used_bytes: Redis `used_memory` (INFO memory); 0 when the user may not read INFO.
+        memory_max_bytes: Redis `maxmemory` (0: no limit set, or unknown).
     """
 
     stream_length: int
@@ -94,6 +112,15 @@ class BufferStats:
     trained: int
     dead_letters: int
     oldest_unconsumed_age_s: float
+    added: int = 0
+    memory_used_bytes: int = 0
+    memory_max_bytes: int = 0
+
+    @property
+    def memory_fraction(self) -> float:
+        """used / maxmemory (0.0 when no maxmemory is set): `put` fails once Redis reaches 1.0
+        with `noeviction`, so alert well before (`TrajectoryBuffer.memory_warn_fraction`)."""
+        return self.memory_used_bytes / self.memory_max_bytes if self.memory_max_bytes else 0.0
 
 
 def _entry_ms(entry_id: str) -> int:
@@ -124,6 +151,20 @@ class TrajectoryBuffer:
             `BufferConnectionError` (exponential wait 0.1 s .. 2 s between attempts).
         put_key_ttl_s: how long `put` remembers a group id, making a retried put a no-op.
         dead_letter_maxlen: approximate cap on the dead-letter stream.
+        max_deliveries: an entry delivered more than this many times without being
+            acknowledged (each attempt to train it raised, or killed the learner) is moved to
+            the dead-letter stream with that reason by the next `read`, never delivered again.
+        keep_acked: acknowledged entries kept in the stream as history; older acknowledged
+            entries are deleted by `ack` (0: each entry is deleted once acknowledged). The
+            payloads of a large model's groups are megabytes each: keep this small.
+        trained_ttl_s: how long a trained group id is remembered (default `put_key_ttl_s`:
+            a producer's retried put within that time is a no-op anyway).
+        trained_max: the trained-id set keeps at most this many ids (the newest).
+        username: Redis ACL user (default env `REDIS_USERNAME`, else the URL's).
+        password_file: a file whose first line is the password (default env
+            `REDIS_PASSWORD_FILE`, else the URL's password): keeps it off command lines.
+        memory_warn_fraction: `stats()` logs a warning when Redis's used memory passes this
+            fraction of its `maxmemory`.
 
     Raises:
         ValueError: bad bounds (e.g. `max_pending_groups >= maxlen`) or a bad URL.
@@ -142,6 +183,13 @@ class TrajectoryBuffer:
         retry_attempts: int = 5,
         put_key_ttl_s: int = 86_400,
         dead_letter_maxlen: int = 100_000,
+        max_deliveries: int = 3,
+        keep_acked: int = 64,
+        trained_ttl_s: int | None = None,
+        trained_max: int = 1_000_000,
+        username: str | None = None,
+        password_file: str | None = None,
+        memory_warn_fraction: float = 0.8,
     ):
         if max_pending_groups < 1:
             raise ValueError(f"max_pending_groups must be >= 1, got {max_pending_groups}")
@@ -155,8 +203,20 @@ class TrajectoryBuffer:
             raise ValueError(f"claim_idle_ms must be >= 1, got {claim_idle_ms}")
         if retry_attempts < 1:
             raise ValueError(f"retry_attempts must be >= 1, got {retry_attempts}")
+        if max_deliveries < 1:
+            raise ValueError(f"max_deliveries must be >= 1, got {max_deliveries}")
+        if keep_acked < 0 or trained_max < 1:
+            raise ValueError(f"keep_acked must be >= 0 and trained_max >= 1, got {keep_acked}, {trained_max}")
         self.url = resolve_redis_url(url)
-        _warn_if_open(self.url)
+        username = username or os.environ.get(REDIS_USERNAME_ENV) or None
+        password_file = password_file or os.environ.get(REDIS_PASSWORD_FILE_ENV) or None
+        auth: dict = {}
+        if username:
+            auth["username"] = username
+        if password_file:
+            auth["password"] = _read_secret(password_file)
+        if not auth:
+            _warn_if_open(self.url)
         self.stream = stream
         self.consumer_group = consumer_group
         self.max_pending_groups = max_pending_groups
@@ -165,6 +225,13 @@ class TrajectoryBuffer:
         self.retry_attempts = retry_attempts
         self.put_key_ttl_s = put_key_ttl_s
         self.dead_letter_maxlen = dead_letter_maxlen
+        self.max_deliveries = max_deliveries
+        self.keep_acked = keep_acked
+        self.trained_ttl_s = put_key_ttl_s if trained_ttl_s is None else trained_ttl_s
+        self.trained_max = trained_max
+        self.memory_warn_fraction = memory_warn_fraction
+        self.counts_key = f"{stream}:counts"
+        self._own_cursor: dict[str, str] = {}  # consumer -> last id taken back from its own pending list
         self.unconsumed_key = f"{stream}:unconsumed"
         self._own_pending_taken: set[str] = set()  # consumers whose pending entries were taken back (read)
         self.trained_key = f"{stream}:trained"
@@ -178,12 +245,15 @@ class TrajectoryBuffer:
                 socket_timeout=_MAX_BLOCK_MS / 1000 + 20,
                 health_check_interval=30,
                 retry=Retry(NoBackoff(), 0),
+                **auth,
             )
         except ValueError as err:
             raise ValueError(f"bad Redis URL {redacted(self.url)!r}: {err}") from err
         self._put_script = self._redis.register_script(PUT_LUA)
         self._touch_script = self._redis.register_script(TOUCH_LUA)
+        self._ack_script = self._redis.register_script(ACK_LUA)
         self._call_retrying(self._create_group)
+        self._call_retrying(self._migrate_trained)
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -233,6 +303,19 @@ class TrajectoryBuffer:
             if "BUSYGROUP" not in str(err):
                 raise
 
+    def _migrate_trained(self) -> None:
+        """An older buffer kept trained ids in a plain set: turn it into the scored set (ids by time)."""
+        if _s(self._redis.type(self.trained_key)) != "set":
+            return
+        ids = [_s(m) for m in self._redis.smembers(self.trained_key)]
+        now = time.time()
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.delete(self.trained_key)
+        if ids:
+            pipe.zadd(self.trained_key, {g: now for g in ids})
+        pipe.execute()
+        log.info("trained-id set %r converted to a sorted set (%d ids)", self.trained_key, len(ids))
+
     def _recreate(self) -> None:
         if not self._redis.exists(self.stream):
             # Its entries went with it: none can be consumed, and a re-put must add them again.
@@ -277,6 +360,7 @@ class TrajectoryBuffer:
             raise ValueError("TrajectoryGroup.group_id is empty: group ids make training idempotent")
         payload = group.SerializeToString()
         keys = [self.stream, self.unconsumed_key, f"{self.stream}:put:{group.group_id}"]
+        keys.append(self.counts_key)
         args = [PAYLOAD_TYPE, group.group_id, payload, self.max_pending_groups, self.maxlen, self.put_key_ttl_s]
         deadline = None if timeout is None else time.monotonic() + timeout
         sleep = 0.005
@@ -317,16 +401,20 @@ class TrajectoryBuffer:
             raise ValueError(f"count must be >= 1, got {count}")
         skip = set(skip_group_ids)
         deadline = time.monotonic() + max(block_ms, 0) / 1000
-        if consumer not in self._own_pending_taken:
-            # this consumer's first read in this process: entries still pending for its name were
-            # delivered to a previous incarnation (a restart after a crash) and are taken back now,
-            # not after claim_idle_ms (a re-run would otherwise train new groups and leave them behind)
-            self._own_pending_taken.add(consumer)
+        while consumer not in self._own_pending_taken:
+            # this consumer's first reads in this process (or after `take_back`): entries still pending
+            # for its name were delivered to a previous incarnation (a restart after a crash, a step
+            # that raised) and are taken back now, oldest first, not after claim_idle_ms (a re-run
+            # would otherwise train new groups and leave them behind)
             raw = self._call(self._own_pending, consumer, count)
-            if raw:
-                entries = self._accept(consumer, raw, skip)
-                if entries:
-                    return entries
+            if not raw:
+                self._own_pending_taken.add(consumer)
+                self._own_cursor.pop(consumer, None)
+                break
+            self._own_cursor[consumer] = raw[-1][0]
+            entries = self._accept(consumer, raw, skip)
+            if entries:
+                return entries
         while True:
             raw = self._call(self._claim, consumer, count)
             if len(raw) < count:
@@ -376,15 +464,25 @@ class TrajectoryBuffer:
                 out.append((entry_id, None, int(p["times_delivered"])))
         return out
 
+    def take_back(self, consumer: str) -> None:
+        """The next `read`s of `consumer` deliver again, oldest first, every entry still pending
+        for it (their delivery count goes up by one): what a learner calls after it rolled its
+        state back to a checkpoint (a step that raised), as a restarted learner does at start."""
+        self._own_pending_taken.discard(consumer)
+        self._own_cursor.pop(consumer, None)
+
     def _own_pending(self, consumer: str, count: int) -> list[tuple[str, dict | None, int]]:
-        """Entries pending for `consumer` (delivered to it, never acknowledged), oldest first."""
-        reply = self._redis.xreadgroup(self.consumer_group, consumer, {self.stream: "0"}, count=count)
+        """Entries pending for `consumer` (delivered to it, never acknowledged), oldest first,
+        after the last one taken back (`_own_cursor`)."""
+        after = self._own_cursor.get(consumer, "0")
+        reply = self._redis.xreadgroup(self.consumer_group, consumer, {self.stream: after}, count=count)
         out = []
         for _stream, messages in reply or []:
             for entry_id, fields in messages:
-                if not fields:  # deleted from the stream: _claim's dead-letter path handles it
-                    continue
                 entry_id = _s(entry_id)
+                if not fields:  # deleted from the stream: _claim's dead-letter path handles it
+                    out.append((entry_id, None, -1))
+                    continue
                 info = self._redis.xpending_range(self.stream, self.consumer_group, entry_id, entry_id, 1)
                 out.append((entry_id, fields, int(info[0]["times_delivered"]) if info else 1))
         if out:
@@ -404,7 +502,13 @@ class TrajectoryBuffer:
         """Decodes delivered entries; dead-letters malformed ones; drops trained ones."""
         decoded: list[BufferEntry] = []
         for entry_id, fields, deliveries in raw:
+            if deliveries < 0:  # a deleted entry seen while taking back (cursor only)
+                continue
             group, reason = _decode(fields)
+            if group is not None and deliveries > self.max_deliveries:
+                group, reason = None, (
+                    f"delivered {deliveries} times without being acknowledged (max_deliveries {self.max_deliveries}): "
+                    "each attempt to train group " + repr(group.group_id) + " raised or stopped the learner")
             if group is None:
                 self._call(self._dead_letter, consumer, entry_id, fields, reason)
             else:
@@ -412,7 +516,7 @@ class TrajectoryBuffer:
         if not decoded:
             return []
         gids = [e.group.group_id for e in decoded]
-        trained = self._call(self._redis.smismember, self.trained_key, gids)
+        trained = [s is not None for s in self._call(self._redis.zmscore, self.trained_key, gids)]
         keep: list[BufferEntry] = []
         drop: list[BufferEntry] = []
         seen: set[str] = set()
@@ -440,6 +544,14 @@ class TrajectoryBuffer:
         pipe.srem(self.unconsumed_key, entry_id)
         pipe.execute()
 
+    def dead_letter(self, consumer: str, entries: Sequence[BufferEntry], reason: str) -> None:
+        """Moves delivered entries the learner cannot train to the dead-letter stream with `reason`
+        (their payload, source id and consumer kept), acknowledged: never delivered again, never
+        recorded as trained, counted in `BufferStats.dead_letters`."""
+        for e in entries:
+            fields = {"type": PAYLOAD_TYPE, "group_id": e.group.group_id, "data": e.group.SerializeToString()}
+            self._call(self._dead_letter, consumer, e.entry_id, fields, reason[:2000])
+
     def ack(self, entries: Sequence[BufferEntry], trained: bool = True) -> int:
         """Acknowledges entries and, if `trained`, records their group ids as trained.
 
@@ -454,16 +566,13 @@ class TrajectoryBuffer:
         if not entries:
             return 0
         ids = [e.entry_id for e in entries]
-
-        def run() -> int:
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.xack(self.stream, self.consumer_group, *ids)
-            pipe.srem(self.unconsumed_key, *ids)
-            if trained:
-                pipe.sadd(self.trained_key, *[e.group.group_id for e in entries])
-            return int(pipe.execute()[0])
-
-        return self._call(run)
+        gids = [e.group.group_id for e in entries] if trained else []
+        return int(self._call(
+            self._ack_script,
+            keys=[self.stream, self.unconsumed_key, self.trained_key],
+            args=[self.consumer_group, self.keep_acked, self.trained_ttl_s, self.trained_max, time.time(), len(ids), *ids,
+                  *gids],
+        ))
 
     def touch(self, consumer: str, entries: Sequence[BufferEntry]) -> list[bool]:
         """Tells the buffer `consumer` is still working on `entries`; returns which it still owns.
@@ -486,15 +595,16 @@ class TrajectoryBuffer:
         """Records group ids as trained (e.g. from a restored checkpoint): never delivered again."""
         gids = list(group_ids)
         if gids:
-            self._call(self._redis.sadd, self.trained_key, *gids)
+            now = time.time()
+            self._call(self._redis.zadd, self.trained_key, {g: now for g in gids})
 
     def trained(self, group_ids: Iterable[str]) -> set[str]:
         """The subset of `group_ids` recorded as trained."""
         gids = list(group_ids)
         if not gids:
             return set()
-        flags = self._call(self._redis.smismember, self.trained_key, gids)
-        return {g for g, f in zip(gids, flags) if f}
+        scores = self._call(self._redis.zmscore, self.trained_key, gids)
+        return {g for g, f in zip(gids, scores) if f is not None}
 
     # -- observability ---------------------------------------------------------------
 
@@ -506,10 +616,11 @@ class TrajectoryBuffer:
             pipe.xlen(self.stream)
             pipe.smembers(self.unconsumed_key)
             pipe.xinfo_groups(self.stream)
-            pipe.scard(self.trained_key)
+            pipe.zcard(self.trained_key)
             pipe.xlen(self.dead_letter_stream)
             pipe.time()
-            length, unconsumed_ids, groups, trained, dead, (now_s, now_us) = pipe.execute()
+            pipe.hget(self.counts_key, "added")
+            length, unconsumed_ids, groups, trained, dead, (now_s, now_us), added = pipe.execute()
             info = next((g for g in groups if _s(g["name"]) == self.consumer_group), None)
             pending = int(info["pending"]) if info else 0
             consumers = int(info["consumers"]) if info else 0
@@ -526,9 +637,25 @@ class TrajectoryBuffer:
                 trained=int(trained),
                 dead_letters=int(dead),
                 oldest_unconsumed_age_s=age,
+                added=int(added or 0),
             )
 
-        return self._call(run)
+        stats = self._call(run)
+        used, limit = self._memory()
+        stats = dataclasses.replace(stats, memory_used_bytes=used, memory_max_bytes=limit)
+        if limit and used >= self.memory_warn_fraction * limit:
+            log.warning("Redis at %s uses %.0f%% of its maxmemory (%d of %d bytes): with noeviction, put() fails "
+                        "once it is full; raise maxmemory or lower max_pending_groups / keep_acked",
+                        redacted(self.url), 100 * used / limit, used, limit)
+        return stats
+
+    def _memory(self) -> tuple[int, int]:
+        """(used_memory, maxmemory) from INFO memory; (0, 0) when this user may not run INFO."""
+        try:
+            info = self._call(self._redis.info, "memory")
+        except redis.ResponseError:  # NOPERM: an ACL user without INFO
+            return 0, 0
+        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
 
     def dead_letters(self, count: int = 100) -> list[dict[str, str | bytes]]:
         """The oldest `count` dead-letter records: source_id, reason, consumer, raw fields."""
@@ -544,7 +671,8 @@ class TrajectoryBuffer:
 
         def run() -> None:
             put_keys = list(self._redis.scan_iter(match=f"{self.stream}:put:*", count=1000))
-            self._redis.delete(self.stream, self.unconsumed_key, self.trained_key, self.dead_letter_stream, *put_keys)
+            self._redis.delete(self.stream, self.unconsumed_key, self.trained_key, self.dead_letter_stream,
+                               self.counts_key, *put_keys)
 
         self._call(run)
 
