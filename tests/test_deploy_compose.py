@@ -68,7 +68,7 @@ def listen_port(name: str, svc: dict) -> int:
     cmd = [interpolate_defaults(c) for c in svc.get("command", [])]
     if "--port" in cmd:
         return int(cmd[cmd.index("--port") + 1])
-    if svc["image"].startswith("redis"):
+    if interpolate_defaults(svc["image"]).startswith("redis"):
         return 6379
     raise AssertionError(f"{name}: no --port in its command")
 
@@ -146,7 +146,8 @@ def test_service_ports_follow_the_project_table_and_the_chart(name, compose, cha
     assert int(cmd[cmd.index("--port") + 1]) == grpc_port
     assert int(cmd[cmd.index("--metrics-port") + 1]) == metrics_port
     if "ports" in svc:
-        assert f"{grpc_port}:{grpc_port}" in svc["ports"] and f"{metrics_port}:{metrics_port}" in svc["ports"]
+        ports = [interpolate_defaults(p) for p in svc["ports"]]
+        assert f"127.0.0.1:{grpc_port}:{grpc_port}" in ports and f"127.0.0.1:{metrics_port}:{metrics_port}" in ports
     # the chart's Service for the same component exposes the same ports
     chart_ports = {p["name"]: p["port"] for p in by_kind(chart_default, "Service")[full(comp)]["spec"]["ports"]}
     assert chart_ports == {"grpc": grpc_port, "metrics": metrics_port}
@@ -204,7 +205,7 @@ def test_images_are_built_here_and_shared_with_the_chart(compose, chart_default)
     built = {s["image"]: s["build"] for s in compose["services"].values() if "build" in s}
     for name, svc in compose["services"].items():
         image = svc["image"]
-        if image.startswith("redis:"):
+        if name == "redis":
             continue
         assert image in built, f"{name} uses {image}, which no service builds"
         assert (ROOT / built[image]["dockerfile"]).is_file()
@@ -212,7 +213,8 @@ def test_images_are_built_here_and_shared_with_the_chart(compose, chart_default)
                    for c in w["spec"]["template"]["spec"]["containers"]}
     compose_repos = {i.rsplit(":", 1)[0] for i in built}
     assert chart_repos - {"redis"} == compose_repos
-    assert compose["services"]["redis"]["image"] == "redis:7.4-alpine"
+    # Redis: the registry image unless REDIS_IMAGE names another (scripts/build_images.sh's)
+    assert compose["services"]["redis"]["image"] == "${REDIS_IMAGE:-redis:7.4-alpine}"
     assert any(c["image"] == "redis:7.4-alpine" for w in workloads(chart_default) for c in w["spec"]["template"]["spec"]["containers"])
 
 
@@ -280,3 +282,26 @@ def test_learner_has_time_to_checkpoint_on_stop(compose):
     for name in ("learner", "learner-cpu"):
         period = compose["services"][name]["stop_grace_period"]
         assert period.endswith("s") and int(period[:-1]) > grace, name
+
+
+# --------------------------------------------------------------------------- least privilege
+
+def test_every_service_drops_all_capabilities_and_privilege_escalation(compose):
+    for name, svc in compose["services"].items():
+        assert svc.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert not svc.get("cap_add") and not svc.get("privileged"), name
+    # Redis starts as its own user: the registry image's entrypoint would need SETUID/SETGID
+    # to drop from root, and every capability is dropped
+    assert compose["services"]["redis"]["user"] == "999:999"
+
+
+def test_published_ports_bind_to_loopback_unless_the_user_opts_in(compose):
+    published = 0
+    for name, svc in compose["services"].items():
+        for port in svc.get("ports", []):
+            assert port.startswith("${PUBLISH_ADDRESS:-127.0.0.1}:"), (name, port)
+            host, _, _ = interpolate_defaults(port).split(":")
+            assert host == "127.0.0.1", (name, port)
+            published += 1
+    assert published >= 9

@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 from tests.fixtures.deploy import DOCKER, PORTS, ROOT, dockerfile_instructions, exec_form
 
 SERVICES = ("env", "reward", "rollout", "learner")
-FIRST_PARTY = {"sinkflex", "tau2_adapter", "driver", "env_service", "reward_service", "rollout_service", "learner_service"}
+FIRST_PARTY = {"sinkflex", "tau2_adapter", "sinkflex_rl", "env_service", "reward_service", "rollout_service", "learner_service"}
 LIGHT = ("env", "reward")  # slim CPU images: no torch, no vLLM
 #: imported only when an experiment's logging.report_to names them, which refuses the config at
 #: load when the package is missing (sinkflex.tracking): not part of any image
