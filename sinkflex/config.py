@@ -39,7 +39,8 @@ class StrictModel(BaseModel):
     is finite (YAML's ``.inf`` / ``.nan`` are refused), and a boolean is not a number (pydantic's
     lax mode would read YAML's ``true`` as 1 for an int field)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -39,6 +39,10 @@ from sinkflex_rl.clients import Addresses
 
 log = logging.getLogger(__name__)
 
+#: The launched processes load local folders only (models resolved above, `resolve_model`): no hub
+#: call from them, whatever the CLI's own environment allows (`models.hub` downloads in the CLI).
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
 HEALTH = {
     "env": "grpc:sinkflex.api.env.v1.EnvService",
     "reward": "grpc:sinkflex.api.reward.v1.RewardService",
@@ -133,7 +137,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
             health=f"http:{user_base_url}/models",
             # vLLM CPU binds its OpenMP threads to core 0 by default; the policy engine keeps
             # it, the user simulator takes the last core
-            env={"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1)), **placement.env("user_sim")},
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1)), **OFFLINE, **placement.env("user_sim")},
         ))
     demos = demonstrations_path(run_dir) if cfg.warm_start.enabled else None
     configs = service_configs(cfg, policy, addresses, redis_url, user_base_url, task_files=task_files,
@@ -141,7 +145,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     if "rollout_service" in configs:
         configs["rollout_service"] = _on_gpus(configs["rollout_service"], placement)
     paths = {name: _write(run_dir, name, c) for name, c in configs.items()}
-    common_env = {"REDIS_URL": redis_url}
+    common_env = {"REDIS_URL": redis_url, **OFFLINE}
     for name, module, section, extra in [
         ("env", "env_service", "env_service", ["--no-metrics"]),
         ("reward", "reward_service", "reward_service", ["--no-metrics"]),
