@@ -42,6 +42,8 @@ class ToolFormat(str, enum.Enum):
     """`--tool-format`: AgentConfig.tool_format."""
 
     hermes = "hermes"
+    qwen3 = "qwen3"
+    llama3 = "llama3"
     harmony = "harmony"
 
 

@@ -81,13 +81,17 @@ class AgentLoop:
         text_ends_episode: env name -> whether a reply with text and no tool call ends the
             episode (sent with StepRequest.stop); default: never.
         buffer: a `sinkflex.buffer.TrajectoryBuffer` (only `put` is used), or None.
-        tool_format: "hermes" or "harmony".
+        tool_format: the model family, one of `formatting.FAMILIES`; its template is checked here
+            on a tool round trip (`formatting.check_round_trip`: ValueError naming `model`).
+        format_options: ``enable_thinking`` (qwen3), ``reasoning_effort`` (harmony).
+        model: the policy's name, for the template check's message.
         env_max_steps: ResetRequest.max_steps (0: the env's default).
     """
 
     def __init__(self, engine: Generator, tokenizer, env, reward=None, buffer=None, tool_format: str = "hermes",
                  env_max_steps: int = 0, max_groups_in_flight: int = 8, buffer_timeout: float | None = None,
-                 reward_for: Callable[[str], object] | None = None, text_ends_episode: Callable[[str], bool] | None = None):
+                 reward_for: Callable[[str], object] | None = None, text_ends_episode: Callable[[str], bool] | None = None,
+                 format_options: dict | None = None, model: str = "the policy"):
         self.engine = engine
         self.tokenizer = tokenizer
         self.env = env
@@ -96,7 +100,8 @@ class AgentLoop:
         self.text_ends_episode = text_ends_episode or (lambda env: False)
         self.buffer = buffer
         self.tool_format = tool_format
-        self._make_formatter = formatter_factory(tool_format, tokenizer)  # the format is chosen once, here
+        # the format is chosen once, here, and its template checked on a tool round trip
+        self._make_formatter = formatter_factory(tool_format, tokenizer, model=model, **(format_options or {}))
         self.env_max_steps = env_max_steps
         self.max_groups_in_flight = max_groups_in_flight
         self.buffer_timeout = buffer_timeout

@@ -51,8 +51,17 @@ class EngineConfig(StrictModel):
 class AgentConfig(StrictModel):
     """The agent loop's budgets and format."""
 
-    tool_format: Literal["hermes", "harmony"] = "hermes"
-    """Tool-call format of the model: Hermes/ChatML `<tool_call>` (SmolLM2, Qwen) or harmony (gpt-oss)."""
+    tool_format: Literal["hermes", "qwen3", "llama3", "harmony"] = "hermes"
+    """The policy's model family (rollout_service.formatting, docs/models.md): hermes (Hermes/ChatML
+    `<tool_call>`, SmolLM2), qwen3 (Qwen3's hybrid-thinking template), llama3 (Llama 3.x bare-JSON
+    tool calls) or harmony (gpt-oss). Checked at start-up on a tool round trip of the policy's template."""
+
+    enable_thinking: bool = True
+    """qwen3: the template's `enable_thinking` (False: the prompt closes an empty reasoning block).
+    The reasoning stays in the token stream (loss mask 1) and is never sent to the environment."""
+
+    reasoning_effort: Literal["low", "medium", "high"] = "low"
+    """harmony (gpt-oss): the reasoning effort of the system message."""
 
     max_turns: int = Field(8, ge=1)
     """Agent turns per episode (TERMINATION_REASON_MAX_TURNS beyond)."""
@@ -72,6 +81,10 @@ class AgentConfig(StrictModel):
 
     env_max_steps: int = Field(0, ge=0)
     """Step budget passed to env Reset (0: the env server's default)."""
+
+    def format_options(self) -> dict:
+        """The family's options for `rollout_service.formatting.formatter_factory`."""
+        return {"enable_thinking": self.enable_thinking, "reasoning_effort": self.reasoning_effort}
 
 
 class EnvRoute(StrictModel):

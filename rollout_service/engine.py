@@ -54,6 +54,7 @@ class Sampling:
     top_k: int = 0  # <= 0: no top-k
     max_new_tokens: int = 256
     seed: int | None = None  # None: unseeded
+    guide_regex: str | None = None  # the reply must match this regex (vLLM structured outputs; not on the wire)
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ class Engine:
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         if not prompt_ids:
             raise invalid_argument("empty prompt")
@@ -203,6 +204,7 @@ class Engine:
             max_tokens=budget, min_tokens=min(min_tokens, budget), seed=sampling.seed, logprobs=0 if want_logprobs else None,
             stop_token_ids=list(stop_token_ids or []), detokenize=False, skip_special_tokens=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
+            structured_outputs=StructuredOutputsParams(regex=sampling.guide_regex) if sampling.guide_regex else None,
         )
         async with self._idle:
             await self._idle.wait_for(lambda: not self._updating)

@@ -1,9 +1,15 @@
 """Tool-call parsers: the model's text (or tokens) -> an assistant action for the env.
 
-Two formats:
+Formats:
 - Hermes / ChatML (SmolLM2, Qwen, Hermes): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
   blocks anywhere in the reply, any number of them; the text outside the blocks is the
   reply's content.
+- Qwen3 with thinking (`split_reasoning`): vLLM's ``qwen3`` reasoning parser splits the
+  ``<think>…</think>`` reasoning off (`ParsedTurn.reasoning`, never content); the rest is
+  parsed as Hermes. A reply that ends inside its reasoning has no content and no calls.
+- Llama 3.x JSON (`parse_llama3_json`): a reply that is a bare JSON object (optionally after
+  ``<|python_tag|>``) is parsed by vLLM's ``llama3_json`` tool parser (its arguments are
+  ``json.dumps`` of the value, ``ensure_ascii=False``); any other reply is plain content.
 - harmony (gpt-oss): parsed from the generated token ids with `openai_harmony`
   (`parse_messages_from_completion_tokens`); a message with recipient ``functions.NAME``
   is a tool call, ``final`` channel text is the reply, ``analysis`` is reasoning (dropped).
@@ -51,6 +57,7 @@ class ParsedTurn:
     calls: tuple[ParsedCall, ...] = ()
     parse_error: str = ""  # empty: parsed cleanly
     raw: str = ""
+    reasoning: str | None = None  # the reply's reasoning (qwen3 ``<think>``): kept out of content
 
     @property
     def ok(self) -> bool:
@@ -207,6 +214,80 @@ def parse_hermes(text: str) -> ParsedTurn:
         return ParsedTurn(content=text, calls=tuple(calls), parse_error=_join_errors(errors), raw=text)
     rest = "".join(outside).strip()
     return ParsedTurn(content=rest or None, calls=tuple(calls), raw=text)
+
+
+@lru_cache(maxsize=8)
+def _vllm_reasoning_parser(name: str, tokenizer):
+    from vllm.reasoning import ReasoningParserManager
+
+    return ReasoningParserManager.get_reasoning_parser(name)(tokenizer)
+
+
+@lru_cache(maxsize=8)
+def _vllm_tool_parser(name: str, tokenizer):
+    from vllm.tool_parsers import ToolParserManager
+
+    return ToolParserManager.get_tool_parser(name)(tokenizer)
+
+
+def split_reasoning(text: str, tokenizer) -> ParsedTurn:
+    """Parses a Qwen3 thinking-mode reply: vLLM's ``qwen3`` reasoning parser takes the reasoning
+    (``<think>…</think>``; all of the reply when ``</think>`` never comes), the rest is parsed as
+    Hermes (`parse_hermes`).
+
+    Args:
+        text: the decoded reply (special tokens kept, the end-of-turn token removed).
+        tokenizer: the policy's tokenizer (the parser looks up ``<think>``/``</think>``).
+
+    Returns:
+        ParsedTurn whose `reasoning` is the reasoning text and whose content and calls come
+        from the text after it only (on a parse error `content` is that text, not the
+        reasoning); `raw` is the whole reply. Never raises.
+    """
+    reasoning, content = _vllm_reasoning_parser("qwen3", tokenizer).extract_reasoning(text, None)
+    if content is None or not content.strip():
+        why = "" if "</think>" in text else "the reply ended inside its reasoning (no </think>)"
+        return ParsedTurn(content=None, parse_error=why, raw=text, reasoning=reasoning)
+    parsed = parse_hermes(content.lstrip("\n"))
+    return ParsedTurn(content=parsed.content, calls=parsed.calls, parse_error=parsed.parse_error, raw=text,
+                      reasoning=reasoning)
+
+
+def parse_llama3_json(text: str, tokenizer) -> ParsedTurn:
+    """Parses a Llama 3.x reply: a bare JSON object ``{"name": ..., "parameters"|"arguments": {...}}``
+    (several separated by ``;``; optionally after ``<|python_tag|>``) is a call, read by vLLM's
+    ``llama3_json`` tool parser; a reply that does not start with ``{`` is plain content.
+
+    Returns:
+        ParsedTurn: the calls (arguments as vLLM's parser writes them: ``json.dumps`` of the
+        value), no content; a reply that starts with ``{`` but gives no call has
+        `parse_error` set and the raw text as content. Never raises.
+    """
+    body = text.strip()
+    body = body.removeprefix("<|python_tag|>").lstrip()
+    if not body.startswith("{"):
+        return ParsedTurn(content=text if text.strip() else None, raw=text)
+    try:
+        info = _vllm_tool_parser("llama3_json", tokenizer).extract_tool_calls(body, None)
+    except Exception as err:  # noqa: BLE001 - model output is untrusted; the parser's failure is a parse error
+        return ParsedTurn(content=text, parse_error=f"llama3_json: {type(err).__name__}: {str(err)[:200]}", raw=text)
+    calls = tuple(ParsedCall(c.function.name, c.function.arguments) for c in info.tool_calls
+                  if isinstance(c.function.name, str) and c.function.name)
+    if not info.tools_called or not calls:
+        return ParsedTurn(content=text, parse_error="llama3_json: a JSON reply that is not a tool call "
+                          '(expected {"name": ..., "parameters": {...}})', raw=text)
+    bad = [c.name for c in calls if not _is_object(c.arguments_json)]
+    if bad:
+        return ParsedTurn(content=text, calls=calls, parse_error=f"llama3_json: arguments of {_quote(bad[0])} are not a JSON object",
+                          raw=text)
+    return ParsedTurn(content=None, calls=calls, raw=text)
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 @lru_cache(maxsize=1)

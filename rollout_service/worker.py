@@ -21,6 +21,7 @@ from typing import Iterator
 from rollout_service.agent import AgentLoop
 from rollout_service.config import RolloutConfig
 from rollout_service.engine import Engine, Sampling
+from rollout_service.formatting import formatter_factory
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.rollout.v1 import rollout_pb2
 from sinkflex.errors import ServiceError, invalid_argument
@@ -59,12 +60,14 @@ class RolloutWorker:
         from transformers import AutoTokenizer
 
         self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
+        # the policy's template is checked on a tool round trip before the engine starts (ValueError)
+        formatter_factory(config.agent.tool_format, self.tokenizer, model=config.engine.model, **config.agent.format_options())
         self.engine = engine or Engine(config.engine.model, dtype=config.engine.dtype, max_model_len=config.engine.max_model_len,
                                        kv_cache_gib=config.engine.kv_cache_gib, policy_version=config.engine.policy_version,
                                        enforce_eager=config.engine.enforce_eager, seed=config.engine.seed,
                                        tensor_parallel_size=config.engine.tensor_parallel_size,
                                        gpu_memory_utilization=config.engine.gpu_memory_utilization)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.engine.model)
         self.user_sim = None
         if config.user_sim_port is not None:
             from rollout_service.user_sim import UserSimServer
@@ -80,6 +83,7 @@ class RolloutWorker:
         self._buffer_lock = threading.Lock()
         a = config.agent
         self.loop = AgentLoop(self.engine, self.tokenizer, self.env, None, buffer=None, tool_format=a.tool_format,
+                              format_options=a.format_options(), model=config.engine.model,
                               env_max_steps=a.env_max_steps, max_groups_in_flight=a.max_groups_in_flight,
                               reward_for=self.reward_for, text_ends_episode=lambda env: config.route(env).text_ends_episode)
 

@@ -298,7 +298,7 @@ def test_formatter_is_chosen_once_by_tool_format(tokenizer):
     make = formatter_factory("hermes", tokenizer)
     a, b = make(), make()
     assert isinstance(a, ChatTemplateFormatter) and a is not b  # fresh per episode
-    assert set(FORMATTERS) == {"hermes", "harmony"}
+    assert set(FORMATTERS) == {"hermes", "qwen3", "llama3", "harmony"}
     with pytest.raises(ValueError, match="unknown tool format 'xml'"):
         formatter_factory("xml", tokenizer)
 
