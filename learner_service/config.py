@@ -79,6 +79,10 @@ class GRPOConfig(StrictModel):
     start's when there is one, else the initial model); 0: no reference model is loaded."""
     temperature: float = Field(1.0, gt=0)
     """The rollout engine's sampling temperature: log-probs are log softmax(logits / temperature)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """The rollout engine's top-p: log-probs over the same kept set as vLLM's (learner_service.logprobs)."""
+    top_k: int = Field(0, ge=0)
+    """The rollout engine's top-k (0: none): log-probs over the same kept set as vLLM's."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch of groups."""
     mini_batches: int = Field(1, ge=1)

@@ -323,7 +323,9 @@ class Learner:
         """(logp_RT [R, T] float32, 0 off the loss mask; entropy_RT [R, T] or None) of a PickedBatch."""
         logits_BJV = self._logits(model, pb, keep=pb.keep_J)
         logits_NV = logits_BJV.flatten(0, 1)
-        logp_K, ent_N = picked_logprobs(logits_NV, pb.pick_row_K, pb.pick_target_K, self.cfg.grpo.temperature, entropy=entropy)
+        g = self.cfg.grpo
+        logp_K, ent_N = picked_logprobs(logits_NV, pb.pick_row_K, pb.pick_target_K, g.temperature, entropy=entropy,
+                                        top_k=g.top_k, top_p=g.top_p)
         logp_RT = torch.where(pb.mask_RT, logp_K[pb.src_RT], torch.zeros((), dtype=logp_K.dtype, device=logp_K.device))
         ent_RT = None if ent_N is None else ent_N[pb.pick_row_K[pb.src_RT]]
         return logp_RT, ent_RT

@@ -135,6 +135,12 @@ class RolloutSettings(StrictModel):
     """G: samples per task (GRPO's group)."""
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling (Qwen3's thinking mode: 0.95); the learner applies the same mask to its
+    log-probs (learner_service.logprobs), so the GRPO ratio stays unbiased. Filled into
+    learner.grpo.top_p and rollout_service.agent.top_p."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling, 0: none (Qwen3: 20); applied by the learner as by the engine. Filled into
+    learner.grpo.top_k and rollout_service.agent.top_k."""
     max_new_tokens: int = Field(128, ge=1)
     max_turns: int = Field(4, ge=1)
     max_context_tokens: int = Field(8192, ge=64)
@@ -402,6 +408,11 @@ class TrainConfig(StrictModel):
             raise ValueError(f"learner.grpo.temperature ({learner.grpo.temperature}) must equal rollout.temperature "
                              f"({self.rollout.temperature}): the learner's log-probs must be under the distribution the "
                              "engine sampled from")
+        for name in ("top_p", "top_k"):
+            if getattr(learner.grpo, name) != getattr(self.rollout, name):
+                raise ValueError(f"learner.grpo.{name} ({getattr(learner.grpo, name)}) must equal rollout.{name} "
+                                 f"({getattr(self.rollout, name)}): the learner's log-probs must be under the distribution "
+                                 "the engine sampled from")
         if learner.batch.groups_per_step != self.task.tasks_per_step:
             raise ValueError(f"learner.batch.groups_per_step ({learner.batch.groups_per_step}) must equal "
                              f"task.tasks_per_step ({self.task.tasks_per_step})")
@@ -495,6 +506,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
                 "max_new_tokens": cfg.rollout.max_new_tokens,
                 "temperature": cfg.rollout.temperature,
                 "top_p": cfg.rollout.top_p,
+                "top_k": cfg.rollout.top_k,
             },
             "env_address": addresses["env"],
             "reward_address": addresses.get("reward") or None,
@@ -508,7 +520,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
         {
             "run_dir": str(run_dir / "learner"),
             "model": {"path": policy_dir},
-            "grpo": {"temperature": cfg.rollout.temperature},
+            "grpo": {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p, "top_k": cfg.rollout.top_k},
             "batch": {"groups_per_step": cfg.task.tasks_per_step},
             "buffer": {"url": redis_url},
             "optim": {"total_steps": cfg.run.steps},

@@ -286,8 +286,8 @@ def test_run_name_is_one_folder_name(tmp_path, name):
     ("rollout_service.engine.dtyp=auto", "rollout_service.engine.dtyp: Extra inputs are not permitted (did you mean 'dtype'?)"),
     ("learenr.optim.lr=1e-5", "learenr: Extra inputs are not permitted (did you mean 'learner'?)"),
     ("zzz=1", "zzz: Extra inputs are not permitted\n"),  # nothing close: no suggestion
-    # the exact name at another place beats a close one here (top_k is no typo of top_p)
-    ("rollout.top_k=5", "rollout.top_k: Extra inputs are not permitted ('top_k' is a field of rollout_service.agent)"),
+    # the exact name at another place beats a close one here
+    ("rollout.tool_format=qwen3", "rollout.tool_format: Extra inputs are not permitted ('tool_format' is a field of rollout_service.agent)"),
 ])
 def test_an_unknown_field_gets_the_closest_known_name(override, line):
     """A misspelt field, in a job section, a service section (typed at load) or at the top, is
