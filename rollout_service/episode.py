@@ -179,7 +179,8 @@ class Episode:
                 "generated_tokens": float(sum(x.num_generated for x in self.turns)),
                 "engine_seconds": float(t.engine_seconds), "env_seconds": float(t.env_seconds),
                 "format_seconds": float(t.format_seconds), "env_reward": float(self.env_return),
-                "episode_seconds": float(t.episode_seconds), "tokens": float(len(self.token_ids))}
+                "episode_seconds": float(t.episode_seconds), "tokens": float(len(self.token_ids)),
+                "user_turns": float(sum(m.role == common_pb2.ROLE_USER for m in self.messages))}
 
 
 def episode_to_proto(ep: Episode) -> common_pb2.Trajectory:

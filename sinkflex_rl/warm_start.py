@@ -85,6 +85,23 @@ def golden_turns(formatter: ChatTemplateFormatter, actions: Sequence[dict], solo
     return [list(tok.encode(t, add_special_tokens=False)) + [formatter.eot_id] for t in texts]
 
 
+def dialogue_turns(formatter: ChatTemplateFormatter, turns: Sequence) -> list[list[int]]:
+    """The token ids the policy must generate to play scripted agent turns of a dialogue.
+
+    Args:
+        formatter: the episode's Hermes formatter.
+        turns: agent turns with `content` (a reply to the user; τ²-Bench's stop token in it
+            ends the episode) or `tool` and `arguments` (one call), e.g.
+            `tau2_adapter.generate_dual.golden_dialogue`'s agent turns.
+
+    Returns:
+        [K] turns of token ids, each `tokenizer.encode(text) + [end-of-turn]`.
+    """
+    texts = [hermes_call_text(common_pb2.ToolCall(name=t.tool, arguments_json=json.dumps(t.arguments or {})))
+             if t.tool is not None else (t.content or "") for t in turns]
+    return [list(formatter.tok.encode(x, add_special_tokens=False)) + [formatter.eot_id] for x in texts]
+
+
 @dataclass(frozen=True)
 class Demonstrations:
     """The kept demonstrations and what was dropped."""

@@ -298,8 +298,10 @@ def golden_user_turns(task) -> list[str]:
 _USER_ID = re.compile(r"\buser_\d+\b")
 _TASK_ID = re.compile(r"\btask_\d+\b")
 _STATUS = re.compile(r"\b(pending|completed)\b", re.IGNORECASE)
-_QUOTED = re.compile(r"""['"‘“]([^'"’”]{2,60})['"’”]""")
-_TITLE_WORDS = re.compile(r"\b(?:title(?:d)?(?:\s+is)?|called|named)\s*:?\s*([A-Z][\w-]*(?:\s+[A-Z][\w-]*)*)")
+#: A quoted title: the opening quote not inside a word (the apostrophe of "I'm" opens nothing).
+_QUOTED = re.compile(r"""(?<!\w)['"‘“]([^'"’”\n]{2,60}?)['"’”](?!\w)""")
+_TITLE_WORDS = re.compile(r"\b(?:titled|title(?:\s+of\s+the(?:\s+new)?\s+task)?(?:\s+(?:is|should\s+be|will\s+be))?|called|named)"
+                          r"\s*:?\s*([A-Z][\w-]*(?:\s+[A-Z][\w-]*)*)")
 _YES = re.compile(r"\b(yes|yeah|yep|correct|right|confirm(?:ed)?|exactly|please do|go ahead)\b", re.IGNORECASE)
 
 
