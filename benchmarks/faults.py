@@ -1,34 +1,45 @@
-"""Fault injection for the whole job: kill or freeze each process of `sinkflex-rl train`.
+"""Fault injection for the whole job: kill or freeze each process of `sinkflex-rl train` at the
+moments that matter, and check that the run heals itself.
 
-For each (process, action) this runs a tiny train on the embedded default (mock domain, solo
-mode, SmolLM2, `tiny_config`) in its own run folder, waits for the first training step
-(the run's metrics.jsonl), injects the fault into the process named in the run's pids.json
-(written by the launcher: env, reward, rollout, its vLLM engine process, learner = torchrun,
-learner_rank, redis = the embedded Redis; user_sim = the user simulator's vLLM server, for which
-the tiny train runs in dual-control mode with the policy model as the user simulator),
-then:
+A *campaign* is one tiny train on the embedded default (mock domain, SmolLM2, `tiny_config`;
+dual-control mode, the policy model as its user simulator, for the user simulator's faults) that
+takes a list of faults in turn. For each fault the generator waits for its *moment* in the next
+RL step, watched from outside (no hook in the services):
 
-- SIGKILL, SIGTERM (a graceful stop: the rollout service ends its in-flight episodes at their
-  next turn boundary and returns them as failed, with the reason): waits for the run to end;
-  SIGSTOP: freezes the process past the launcher's
-  freeze timeout (30 s, the controller's poll deadline) or until the run ends, then SIGCONT;
-- a run that ended with an error must have printed one line naming the process and its pid
-  (exit code 3); it is then re-run with the same command, which must resume and finish;
-- the invariants, from the finished run folder (`check_invariants`): groups lost (published
-  but neither trained nor counted as dropped: still unconsumed in the buffer, acknowledged
-  untrained beyond what the learner counted as dropped, or published by the controller and
-  missing from the stream) and groups trained twice (the learner's trained groups per step,
-  each step counted once, beyond the distinct trained group ids) must both be 0; the policy
-  version, its published folder and the last checkpoint must all be `steps`.
+- `mid-rollout`: the rollout service's Status reports groups in flight (a Rollout request that
+  publishes training data is running), then `MID_ROLLOUT_DELAY_S` later;
+- `step-before-ack`: the learner wrote a new train record (its optimizer step is done) while its
+  newest checkpoint is still the previous step's (the step's groups are not acknowledged: a
+  group is acknowledged only after the checkpoint that records it, learner_service/loop.py);
+- `checkpoint`: a temporary entry (`.tmp*`, `*.tmp`) exists in learner/checkpoints (a checkpoint
+  is being written);
+- `publishing`: a temporary folder of the next policy version exists in learner/policy (the
+  learner), or the version's folder exists and the engine does not serve it yet (UpdateWeights
+  in flight: the rollout service and its engine);
 
-Bounded: every wait has a deadline; every process a run started is killed at the end (by the
-pids it wrote). Usage:
+then sends the signal to the process named in the run's pids.json (env, reward, rollout, its vLLM
+`engine`, `learner_rank`, `learner` = torchrun, `user_sim`, `redis` = the embedded Redis). SIGSTOP
+is left in place: the launcher must find the process frozen past its freeze timeout (30 s), kill
+it and restart it. The generator then waits until the run's recoveries.jsonl records a restart
+naming that pid (recovered in run), and goes on with the next fault. The campaign must finish by
+itself (exit 0, no re-run). Invariants, from the finished run folder (`check_invariants`):
+groups lost (published but neither trained nor counted as dropped: still unconsumed in the
+buffer, acknowledged untrained beyond what the learner counted as dropped, or published by the
+controller and missing from the stream) and groups trained twice (the learner's trained groups
+per step, each step counted once, beyond the distinct trained group ids), over the whole
+campaign: every row of a campaign carries its campaign's counts (0 for the campaign means 0
+for each of its faults); the policy version, its published folder and the last checkpoint must
+all be `steps`.
 
-    .venv/bin/python benchmarks/faults.py                       # every fault, writes docs/
-    .venv/bin/python benchmarks/faults.py --faults reward:SIGKILL,env:SIGSTOP --no-docs
+Bounded: every wait has a deadline; a frozen process is resumed (SIGCONT) if the run did not
+recover; every process a run started is killed at the end (by the pids it wrote). Usage:
 
-Writes the "Faults" section of docs/reliability.md and `faults` in docs/reliability.json
-(other keys and sections are kept). `tests/test_faults.py` runs one fault with this code.
+    .venv/bin/python benchmarks/faults.py                         # every campaign, writes docs/
+    .venv/bin/python benchmarks/faults.py --campaigns services --no-docs
+
+Writes the "Faults" section of docs/reliability.md and `faults` / `faults_detail` in
+docs/reliability.json (other keys and sections are kept). `tests/test_faults.py` runs one
+in-run recovery with this code.
 """
 
 from __future__ import annotations
@@ -47,14 +58,21 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-#: every fault, in order (user_sim: the tiny train in dual-control mode, the policy model as its user simulator)
-ALL_FAULTS = [("env", "SIGKILL"), ("reward", "SIGKILL"), ("rollout", "SIGKILL"), ("engine", "SIGKILL"),
-              ("learner_rank", "SIGKILL"), ("learner", "SIGKILL"), ("user_sim", "SIGKILL"), ("redis", "SIGKILL"),
-              ("env", "SIGSTOP"), ("rollout", "SIGTERM")]
-#: what the one-line message calls each process (sinkflex_rl.launcher.LABELS)
-LABEL_WORDS = {"env": "env service", "reward": "reward service", "rollout": "rollout service",
-               "engine": "vLLM engine", "learner": "learner", "learner_rank": "learner", "redis": "Redis",
-               "user_sim": "user simulator"}
+#: the campaigns: name -> (faults (process, action, moment), dual-control mode with a user simulator)
+CAMPAIGNS: dict[str, tuple[list[tuple[str, str, str]], bool]] = {
+    "services": ([("env", "SIGKILL", "mid-rollout"), ("reward", "SIGKILL", "mid-rollout"),
+                  ("rollout", "SIGKILL", "mid-rollout"), ("engine", "SIGKILL", "mid-rollout"),
+                  ("redis", "SIGKILL", "mid-rollout"), ("env", "SIGSTOP", "mid-rollout")], False),
+    "learner": ([("learner_rank", "SIGKILL", "step-before-ack"), ("learner", "SIGKILL", "step-before-ack"),
+                 ("learner_rank", "SIGKILL", "checkpoint"), ("learner", "SIGKILL", "checkpoint"),
+                 ("learner_rank", "SIGKILL", "publishing"), ("learner_rank", "SIGSTOP", "step-before-ack")], False),
+    "publish": ([("engine", "SIGKILL", "publishing"), ("rollout", "SIGKILL", "publishing"),
+                 ("redis", "SIGKILL", "step-before-ack"), ("reward", "SIGSTOP", "mid-rollout"),
+                 ("rollout", "SIGSTOP", "mid-rollout")], False),
+    "user_sim": ([("user_sim", "SIGKILL", "mid-rollout"), ("user_sim", "SIGSTOP", "mid-rollout")], True),
+}
+#: how long after the rollout service reports groups in flight a mid-rollout fault is sent (s)
+MID_ROLLOUT_DELAY_S = 1.0
 
 
 def tiny_config(run_dir: Path, policy: str, steps: int = 3, user_sim: bool = False) -> dict:
@@ -70,7 +88,7 @@ def tiny_config(run_dir: Path, policy: str, steps: int = 3, user_sim: bool = Fal
         "rollout": {"group_size": 2, "temperature": 1.0, "max_new_tokens": 24, "max_turns": 2, "max_context_tokens": 4096},
         "validation": {"every_steps": 0},
         "models": {"policy": policy, "user_simulator": None},
-        "local": {"ready_timeout_s": 600, "learner_stop_grace_s": 120},
+        "local": {"ready_timeout_s": 600, "learner_stop_grace_s": 120, "max_restarts": 8},
         "env_service": {"domains": ["mock"]},
         "rollout_service": {"engine": {"kv_cache_gib": 0.5, "max_model_len": 4096}},
         "learner": {"optim": {"lr": 1.0e-4}, "batch": {"micro_batch_size": 1}, "model": {"gradient_checkpointing": False}},
@@ -178,91 +196,194 @@ def check_invariants(run_dir: Path, steps: int, group_size: int) -> dict:
             "trained_by_learner_steps": trained_by_steps, "dropped_counted": dropped_counted}
 
 
-def run_fault(process: str, action: str, root: Path, policy: str, steps: int = 3, freeze_s: float = 45.0,
-              step_timeout: float = 1200.0, run_timeout: float = 1500.0, keep: bool = False,
-              progress=print) -> dict:
-    """One fault: train, inject after step 1, re-run if it stopped, check the invariants. Returns its row."""
+def _rollout_address(run_dir: Path) -> str | None:
     import yaml
 
-    name = f"{process}-{action.lower()}"
+    path = run_dir / "configs" / "learner.yaml"
+    if not path.exists():
+        return None
+    return (yaml.safe_load(path.read_text()) or {}).get("rollout_address") or None
+
+
+def _rollout_status(address: str | None):
+    """The rollout service's Status, or None when it does not answer."""
+    if not address:
+        return None
+    from rollout_service.client import GrpcRolloutClient
+    from sinkflex.errors import ServiceError
+
+    try:
+        with GrpcRolloutClient(address, timeout=2.0) as client:
+            return client.status(timeout=2.0)
+    except (ServiceError, ValueError, OSError):
+        return None
+
+
+def _latest_checkpoint(run_dir: Path) -> str:
+    path = run_dir / "learner" / "checkpoints" / "latest"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _temporary(folder: Path) -> list[str]:
+    """Names of the entries of `folder` that are being written (`.tmp*`, `*.tmp`, but not the `latest` pointer's)."""
+    try:
+        names = [p.name for p in folder.iterdir()]
+    except OSError:
+        return []
+    return [n for n in names if (n.startswith(".tmp") or n.endswith(".tmp") or ".tmp-" in n) and "latest" not in n]
+
+
+def wait_for_moment(moment: str, run_dir: Path, proc: subprocess.Popen, timeout: float) -> str | None:
+    """Blocks until `moment` comes in the run of `run_dir` (module docstring); returns what shows it (the
+    evidence, one line), or None when the run ended or `timeout` passed first. Polls every 20 ms."""
+    deadline = time.monotonic() + timeout
+    learner_dir = run_dir / "learner"
+    n_train = len(_records(learner_dir / "metrics.jsonl", "train"))
+    versions = {p.name for p in (learner_dir / "policy").glob("v*")}
+    address = _rollout_address(run_dir)
+    last_status = 0.0
+    while time.monotonic() < deadline and proc.poll() is None:
+        if moment == "mid-rollout":
+            if time.monotonic() - last_status >= 0.25:
+                last_status = time.monotonic()
+                st = _rollout_status(address or _rollout_address(run_dir))
+                if st is not None and st.groups_in_flight > 0:
+                    time.sleep(MID_ROLLOUT_DELAY_S)
+                    return f"rollout service: {st.groups_in_flight} group(s) in flight at policy version {st.policy_version}"
+        elif moment == "step-before-ack":
+            records = _records(learner_dir / "metrics.jsonl", "train")
+            if len(records) > n_train:
+                latest = _latest_checkpoint(run_dir)
+                step = int(records[-1].get("step", 0))
+                if latest != f"step_{step}":
+                    return f"learner step {step} done (train record written), newest checkpoint {latest or 'none'}: not acknowledged"
+                n_train = len(records)
+        elif moment == "checkpoint":
+            tmp = _temporary(learner_dir / "checkpoints")
+            if tmp:
+                return f"checkpoint being written: learner/checkpoints/{tmp[0]} (newest complete: {_latest_checkpoint(run_dir)})"
+        elif moment == "publishing":
+            tmp = _temporary(learner_dir / "policy")
+            if tmp:
+                return f"policy version being written: learner/policy/{tmp[0]}"
+            new = {p.name for p in (learner_dir / "policy").glob("v*")} - versions
+            if new:
+                st = _rollout_status(address or _rollout_address(run_dir))
+                v = max(int(n[1:]) for n in new if n[1:].isdigit())
+                if st is not None and st.policy_version < v:
+                    return f"policy v{v} published, the engine serves v{st.policy_version}: UpdateWeights in flight"
+                versions |= new
+        else:
+            raise ValueError(f"unknown moment {moment!r}")
+        time.sleep(0.02)
+    return None
+
+
+def _recovery_of(run_dir: Path, pid: int, since: int) -> dict | None:
+    """The first recovery record after the first `since` of recoveries.jsonl whose restart names `pid`."""
+    path = run_dir / "recoveries.jsonl"
+    if not path.exists():
+        return None
+    lines = path.read_text().splitlines()[since:]
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if any(f"pid {pid})" in note or f"pid {pid}," in note for note in r.get("restarted", [])):
+            return r
+    return None
+
+
+def _n_recoveries(run_dir: Path) -> int:
+    path = run_dir / "recoveries.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def run_campaign(name: str, faults: list[tuple[str, str, str]], root: Path, policy: str, user_sim: bool = False,
+                 moment_timeout: float = 900.0, recover_timeout: float = 900.0, run_timeout: float = 1200.0,
+                 keep: bool = False, progress=print) -> list[dict]:
+    """One tiny train that takes `faults` in turn (module docstring). Returns one row per fault."""
+    import yaml
+
     run_dir = root / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    cfg = tiny_config(run_dir, policy, steps, user_sim=process == "user_sim")
+    steps = len(faults) + 2
+    cfg = tiny_config(run_dir, policy, steps, user_sim=user_sim)
     config = root / f"{name}.yaml"
     config.write_text(yaml.safe_dump(cfg))
     log_path = root / f"{name}.log"
     log_path.write_bytes(b"")
-    row = {"process": process, "action": action}
+    rows: list[dict] = []
     seen: dict[str, int] = {}
     t0, since = time.monotonic(), time.time()
     proc = _train(config, log_path)
     try:
-        deadline = time.monotonic() + step_timeout
-        while not _records(run_dir / "metrics.jsonl", "train"):
-            if proc.poll() is not None:
-                return {**row, "outcome": f"FAILED: train exited ({proc.returncode}) before step 1: "
-                                          f"{last_line(log_path.read_text(errors='replace'))}",
-                        "groups_lost": None, "groups_trained_twice": None}
-            if time.monotonic() > deadline:
-                return {**row, "outcome": "FAILED: no training step in time", "groups_lost": None,
-                        "groups_trained_twice": None}
-            time.sleep(1.0)
-        seen = _pids(run_dir)
-        pid = seen.get(process)
-        if pid is None:
-            _stop(proc)
-            return {**row, "outcome": f"skipped: no {process} process in this run (pids.json: {sorted(seen)})",
-                    "groups_lost": None, "groups_trained_twice": None}
-        progress(f"[{name}] step 1 done after {time.monotonic() - t0:.0f}s: {action} {process} (pid {pid})")
-        if action in ("SIGKILL", "SIGTERM"):
+        for process, action, moment in faults:
+            row = {"process": process, "action": action, "moment": moment, "campaign": name,
+                   "recovered_in_run": False, "groups_lost": None, "groups_trained_twice": None}
+            rows.append(row)
+            evidence = wait_for_moment(moment, run_dir, proc, moment_timeout)
+            seen.update(_pids(run_dir))
+            pid = _pids(run_dir).get(process)
+            if evidence is None or pid is None:
+                row["outcome"] = ("FAILED: " + ("the run ended" if proc.poll() is not None else "no such moment in time")
+                                  if evidence is None else f"skipped: no {process} in pids.json")
+                progress(f"[{name}] {process} {action} {moment}: {row['outcome']}")
+                continue
+            n_before = _n_recoveries(run_dir)
             os.kill(pid, getattr(signal, action))
-            rc = _wait(proc, run_timeout)
-        elif action == "SIGSTOP":
-            os.kill(pid, signal.SIGSTOP)
-            rc = _wait(proc, freeze_s)
-            os.kill(pid, signal.SIGCONT) if _alive(pid) else None
-            rc = rc if rc is not None else _wait(proc, run_timeout)
-        else:
-            raise ValueError(f"unknown action {action!r}")
+            t_fault = time.monotonic()
+            row.update(pid=pid, evidence=evidence, at_s=round(t_fault - t0, 1))
+            progress(f"[{name}] {action} {process} (pid {pid}) at {moment}: {evidence}")
+            deadline = t_fault + recover_timeout
+            rec = None
+            while time.monotonic() < deadline and proc.poll() is None:
+                rec = _recovery_of(run_dir, pid, n_before)
+                if rec is not None:
+                    break
+                time.sleep(0.5)
+            if rec is None:
+                if action == "SIGSTOP" and _alive(pid):
+                    os.kill(pid, signal.SIGCONT)
+                row["outcome"] = "FAILED: no in-run recovery" + (f" (the run ended, exit {proc.returncode}: "
+                                                                f"{last_line(log_path.read_text(errors='replace'))})"
+                                                                if proc.poll() is not None else " in time")
+                progress(f"[{name}] {row['outcome']}")
+                break
+            row.update(recovered_in_run=True, recovered_in_s=round(time.monotonic() - t_fault, 1),
+                       restarted=rec["restarted"], groups_retried=rec.get("groups_retried", 0))
+            row["outcome"] = "recovered in-run: " + " / ".join(rec["restarted"])
+            progress(f"[{name}] recovered in {row['recovered_in_s']:.0f}s: {row['outcome']}")
+        rc = _wait(proc, run_timeout)
         if rc is None:
             _stop(proc)
-            return {**row, "outcome": "FAILED: the run neither finished nor stopped in time", "groups_lost": None,
-                    "groups_trained_twice": None}
-        first = log_path.read_text(errors="replace")
-        line = last_line(first)
-        if rc == 0:
-            outcome = "recovered by itself"
-        else:
-            named = LABEL_WORDS[process] in line and f"pid {pid}" in line and "Traceback" not in first
-            progress(f"[{name}] stopped (exit {rc}): {line}")
-            outcome = f"stopped (exit {rc}): {line!r}" + ("" if named else " [NOT NAMED]")
-            kill_leftovers(run_dir, seen, since)
-            with open(log_path, "ab") as fh:
-                fh.write(b"\n===== re-run =====\n")
-            proc = _train(config, log_path)
-            rc2 = _wait(proc, run_timeout)
-            if rc2 is None:
-                _stop(proc)
-            second = log_path.read_text(errors="replace")[len(first):]
-            if rc2 != 0:
-                return {**row, "outcome": outcome + f"; re-run FAILED (exit {rc2}): {last_line(second)!r}",
-                        "groups_lost": None, "groups_trained_twice": None, "named": named}
-            resumed = "resuming at policy version" in second
-            outcome += "; re-run " + ("resumed and finished" if resumed else "finished (did not say it resumed)")
-            row["named"] = named
-            # the stop's stopped.json is renamed as the re-run starts: the finished folder does not claim it stopped
-            row["stop_set_aside"] = not (run_dir / "stopped.json").exists() and any(run_dir.glob("stopped-*.json"))
-        inv = check_invariants(run_dir, steps, cfg["rollout"]["group_size"])
-        if not inv["consistent"]:
-            outcome += " [INCONSISTENT version/checkpoint]"
-        progress(f"[{name}] {outcome}; lost {inv['groups_lost']}, twice {inv['groups_trained_twice']} "
-                 f"({time.monotonic() - t0:.0f}s)")
-        return {**row, "outcome": outcome, "groups_lost": inv["groups_lost"],
-                "groups_trained_twice": inv["groups_trained_twice"], "consistent": inv["consistent"],
-                "wall_s": round(time.monotonic() - t0, 1), "detail": inv}
+        text = log_path.read_text(errors="replace")
+        finished = rc == 0 and (run_dir / "summary.json").exists()
+        inv = check_invariants(run_dir, steps, cfg["rollout"]["group_size"]) if finished else None
+        for row in rows:
+            if not finished:
+                row["recovered_in_run"] = False
+                row["outcome"] = (row.get("outcome", "") + f"; the run did not finish (exit {rc}): {last_line(text)!r}")
+                continue
+            row.update(groups_lost=inv["groups_lost"], groups_trained_twice=inv["groups_trained_twice"],
+                       consistent=inv["consistent"])
+            if "Traceback" in text:
+                row["outcome"] += " [TRACEBACK in the train's output]"
+        progress(f"[{name}] finished={finished} in {time.monotonic() - t0:.0f}s; "
+                 + (f"lost {inv['groups_lost']}, twice {inv['groups_trained_twice']}, consistent {inv['consistent']}"
+                    if inv else ""))
+        for row in rows:
+            row["campaign_detail"] = inv
+            row["campaign_wall_s"] = round(time.monotonic() - t0, 1)
+        return rows
     finally:
         _stop(proc)
+        seen.update(_pids(run_dir))
         kill_leftovers(run_dir, seen, since)
         if not keep:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -282,66 +403,87 @@ def _commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def write_docs(rows: list[dict], command: str, md_path: Path, json_path: Path) -> None:
-    """The "Faults" section of `md_path` and `faults` in `json_path`; everything else kept.
+ROW_KEYS = ("process", "action", "moment", "recovered_in_run", "groups_lost", "groups_trained_twice", "commit")
 
-    `rows` replace the recorded rows of the same (process, action); the others stay, each with
-    the command, commit and time that measured it (a full list takes ~9 min a fault here, so
-    rows accumulate over several runs).
-    """
+
+def write_docs(rows: list[dict], command: str, md_path: Path, json_path: Path) -> None:
+    """The "Faults" section of `md_path` and `faults` / `faults_detail` in `json_path` (replaced
+    whole: every row of one run of this generator, on one commit); everything else kept."""
+    from sinkflex.buffer.embedded import PERSISTENCE
+
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
     stamp = {"command": command, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "commit": _commit(), "load_avg_at_end": round(os.getloadavg()[0], 2)}
-    new = {(r["process"], r["action"]): {**r, **stamp} for r in rows}
-    old = {(r["process"], r["action"]): r for r in data.get("faults_detail", [])}
-    order = [f for f in ALL_FAULTS if f in new or f in old] + [f for f in {**old, **new} if f not in ALL_FAULTS]
-    rows = [new.get(f) or old[f] for f in order]
-    data["faults"] = [{k: r.get(k) for k in ("process", "action", "outcome", "groups_lost", "groups_trained_twice",
-                                             "measured_at", "commit")} for r in rows]
+    rows = [{**r, **stamp} for r in rows]
+    data["faults"] = [{k: r.get(k) for k in ROW_KEYS} for r in rows]
     data["faults_detail"] = rows
+    data["redis_persistence"] = PERSISTENCE
     json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    table = "\n".join(f"| {r['process']} | {r['action']} | {r['outcome'].replace('|', '/')} | {r.get('groups_lost')} | "
-                      f"{r.get('groups_trained_twice')} | {r.get('measured_at', '?')}, `{r.get('command', '?')}` |"
-                      for r in rows)
+    ok = sum(1 for r in rows if r["recovered_in_run"] and r["groups_lost"] == 0 and r["groups_trained_twice"] == 0)
+    table = "\n".join(
+        f"| {r['process']} | {r['action']} | {r['moment']} | {'yes' if r['recovered_in_run'] else 'NO'} | "
+        f"{r.get('recovered_in_s', '')} | {r.get('groups_retried', '')} | {r.get('groups_lost')} | {r.get('groups_trained_twice')} | "
+        f"{r['campaign']} | {str(r.get('evidence', '')).replace('|', '/')} |" for r in rows)
     section = f"""Faults
 
-Each row is measured by [`benchmarks/faults.py`](../benchmarks/faults.py) (the command and time
-are in its last column; commits and the load average in reliability.json); the same rows are in
-[reliability.json](reliability.json) under `faults`, with the buffer's and the learner's figures
-under `faults_detail`). Each row is its own tiny `sinkflex-rl train` (mock domain, solo mode,
-SmolLM2, 3 steps, `tiny_config`; for the user simulator's row dual-control mode, SmolLM2 as the
-user simulator on its own vLLM server); the fault is injected after step 1 into the process named in
-the run's `pids.json`; a run that stopped is re-run with the same command. **Lost**: published
-but neither trained nor counted as dropped at the end; **twice**: trained in two learner steps.
-A short version (one fault) runs in the suite: `tests/test_faults.py`.
+Measured by `{command}` ([`benchmarks/faults.py`](../benchmarks/faults.py)) at commit
+`{stamp['commit']}`, {stamp['measured_at']} (load average {stamp['load_avg_at_end']} at the end,
+2-core machine); the same rows are in [reliability.json](reliability.json) under `faults`
+(`{{{", ".join(ROW_KEYS)}}}`), with each restart's line, the evidence of the moment and the
+buffer's and learner's figures under `faults_detail`. **{ok} of {len(rows)}** faults recovered
+in-run with 0 groups lost and 0 trained twice.
 
-| process | action | outcome | groups lost | groups trained twice | measured |
-| --- | --- | --- | --- | --- | --- |
+Each campaign is one tiny `sinkflex-rl train` (mock domain, SmolLM2, `tiny_config`: 1 task x 2
+samples a step, `local.max_restarts` 8; the user simulator's campaign in dual-control mode with
+SmolLM2 as the user simulator on its own vLLM server) that takes its faults in turn, one per RL
+step, and must finish by itself (exit 0, never re-run). A fault is sent at its moment, watched
+from outside the services: **mid-rollout** (the rollout service reports groups in flight, then 1 s),
+**step-before-ack** (the learner's optimizer step is done, its checkpoint not yet written: its
+groups unacknowledged), **checkpoint** (a checkpoint's temporary folder exists), **publishing**
+(the next policy version's folder is being written, or is written and the engine does not serve
+it yet: UpdateWeights in flight). SIGSTOP is left in place: the launcher finds the process
+frozen past its 30 s freeze timeout, kills and restarts it. **Recovered in-run**: the run's
+recoveries.jsonl names the signalled pid in a restart and the run finishes by itself.
+**Retried**: the groups of the step's Rollout request that the recovery cut off (rolled out
+again). **Lost**: published but neither trained nor counted as dropped at the end; **twice**:
+trained in two learner steps; both are the campaign's (0 for a campaign is 0 for each of its
+faults). The policy version, its published folder and the last checkpoint agree at the end of
+every campaign that finished. A short version (one in-run recovery) runs in the suite:
+`tests/test_faults.py`.
+
+| process | action | moment | recovered in-run | in s | retried | groups lost | groups trained twice | campaign | evidence of the moment |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 {table}
 
-What each outcome means: the driver checks the launched processes (and the ones it watches:
-the rollout service's vLLM engine process, the learner's rank, the embedded Redis) whenever it
-waits and after a failed call; a dead one, or one stopped for over 30 s (the poll deadline),
-ends the run with one line naming it, its pid and exit status, exit code 3, after stopping the
-others (the learner checkpoints; ranks that outlive a killed torchrun get its SIGTERM too). The
-run folder then holds `stopped.json` (that line, the error, the time); the re-run renames it to
-`stopped-<UTC time of the stop>.json` as it starts, so a run that resumes and finishes has no
-`stopped.json` and the stop's record is kept. A
-restarted learner takes back the groups delivered to its previous incarnation at once (they are
-trained, or dropped as stale and counted), not after `buffer.claim_idle_ms`. A dead vLLM engine
-turns the rollout service NOT_SERVING (health, Status, Rollout: UNAVAILABLE). Nothing is
-restarted by default; `local.restart_services: [reward]` (or env) restarts a dead stateless
-service up to `local.max_restarts` times while the rollout service retries its ScoreBatch
-with backoff (not measured in this table). SIGTERM is a graceful stop: the rollout service
-refuses new requests and ends each in-flight episode at its next turn boundary, returned as
-failed with the reason (`the rollout service is stopping (SIGTERM)`); the run then stops as
-for a dead service and the re-run resumes.
+How it heals (the embedded default; `sinkflex_rl/launcher.py`, `LocalLauncher.recover`): the
+driver checks every launched process (env, reward, rollout, torchrun, the user simulator) and the
+ones it watches (the rollout service's vLLM engine process, the learner's ranks, the embedded
+Redis) whenever it waits. One that died, or has been stopped for over 30 s, abandons the current
+step: the controller's clients are closed (the Rollout stream is cancelled; groups the service
+had published already stay in the stream and are trained, or dropped as stale and counted), the
+launcher restarts the process, as Kubernetes restarts a pod: same command and port, a frozen one
+SIGKILLed first, a dead engine or rank restarting its service, the embedded Redis on the same
+database file and socket; each after a backoff of 1, 2, 4, ... s (at most 30 s), at most
+`local.max_restarts` times per process and run (default 3; `local.restart_services` lists what
+is restarted, default every process). The driver then goes on from the learner's policy version
+(`sinkflex_rl.launcher.run_recovering`): the engine is brought to that version, the cut-off step
+is rolled out again; the restarted learner resumes from its newest complete checkpoint and takes
+back the groups delivered to its previous incarnation first (trained, or dropped because the
+checkpoint records them as trained). Each recovery is a line of the run's `recoveries.jsonl`;
+summary.json counts `recoveries` and `groups_retried`. A process out of restarts, or whose
+restart fails, ends the run with one line naming it, its pid and exit status, exit code 3
+(`stopped.json`; re-run the same command to resume, as before). SIGTERM stays a graceful stop.
+Compose and the chart restart containers and pods themselves (`restart: unless-stopped`,
+liveness probes).
+
+The embedded Redis (`sinkflex/buffer/embedded.py`, `PERSISTENCE`) runs with `appendonly yes` and
+`appendfsync always`: Redis writes and fsyncs each write command to its append-only file before it
+sends the reply. **A kill** (SIGKILL of redis-server): {PERSISTENCE['kill']}. **A power loss**:
+{PERSISTENCE['power_loss']}. `tests/test_launcher_faults.py` checks the kill: 20 groups put, 3
+read, 1 acknowledged, SIGKILL, restart: the stream, the pending entries and the trained set are
+exactly as before, and the server's `appendfsync` is `always` (a power loss cannot be made on
+this machine; the claim rests on that setting and the disk honouring fsync).
 """
-    done = set(order)
-    missing = [f"{a} {b}" for a, b in ALL_FAULTS if (a, b) not in done]
-    if missing:
-        section += (f"\nNot in this table (the whole list takes ~4 min a fault on a 2-core machine; run "
-                    f"`benchmarks/faults.py` without `--faults`): {', '.join(missing)}.\n")
     old = md_path.read_text() if md_path.exists() else "# Reliability\n"
     marker = "\n## "
     parts = old.split(marker)
@@ -351,10 +493,8 @@ for a dead service and the re-run resumes.
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--faults", default=",".join(f"{a}:{b}" for a, b in ALL_FAULTS),
-                   help="process:ACTION,... (ACTION SIGKILL, SIGTERM or SIGSTOP)")
+    p.add_argument("--campaigns", default=",".join(CAMPAIGNS), help=f"comma-separated, of: {', '.join(CAMPAIGNS)}")
     p.add_argument("--root", type=Path, default=Path("/tmp/faults-runs"))
-    p.add_argument("--steps", type=int, default=3)
     p.add_argument("--policy", default="smollm2", help="models.policy (prepared with sinkflex.models)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "reliability.md")
     p.add_argument("--json", type=Path, default=ROOT / "docs" / "reliability.json")
@@ -365,18 +505,18 @@ def main() -> None:
 
     policy = str(prepare_model(a.policy))
     a.root.mkdir(parents=True, exist_ok=True)
-    faults = [tuple(f.split(":")) for f in a.faults.split(",") if f]
     rows = []
-    for process, action in faults:
-        rows.append(run_fault(process, action, a.root, policy, steps=a.steps, keep=a.keep,
-                              progress=lambda s: print(s, flush=True)))
-    command = ".venv/bin/python benchmarks/faults.py" + ("" if a.faults == p.get_default("faults") else f" --faults {a.faults}")
-    print(json.dumps([{k: r.get(k) for k in ("process", "action", "outcome", "groups_lost", "groups_trained_twice")}
-                      for r in rows], indent=1), flush=True)
+    for name in [c for c in a.campaigns.split(",") if c]:
+        faults, user_sim = CAMPAIGNS[name]
+        rows += run_campaign(name, faults, a.root, policy, user_sim=user_sim, keep=a.keep,
+                             progress=lambda s: print(s, flush=True))
+    command = ".venv/bin/python benchmarks/faults.py" + ("" if a.campaigns == p.get_default("campaigns")
+                                                         else f" --campaigns {a.campaigns}")
+    print(json.dumps([{k: r.get(k) for k in (*ROW_KEYS[:-1], "outcome")} for r in rows], indent=1), flush=True)
     if not a.no_docs:
         write_docs(rows, command, a.out, a.json)
-    bad = [r for r in rows if r.get("groups_lost") not in (0, None) or r.get("groups_trained_twice") not in (0, None)
-           or r["outcome"].startswith("FAILED") or "NOT NAMED" in r["outcome"] or "INCONSISTENT" in r["outcome"]]
+    bad = [r for r in rows if not r["recovered_in_run"] or r.get("groups_lost") != 0 or r.get("groups_trained_twice") != 0
+           or r.get("consistent") is False]
     sys.exit(1 if bad else 0)
 
 

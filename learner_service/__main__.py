@@ -143,8 +143,7 @@ def run(args: Namespace) -> int:
         b = cfg.buffer
         buffer = TrajectoryBuffer(url=b.url, stream=b.stream, consumer_group=b.consumer_group, claim_idle_ms=b.claim_idle_ms,
                                   max_deliveries=b.max_deliveries, keep_acked=b.keep_acked)
-    kill_at = os.environ.get("SINKFLEX_LEARNER_KILL_BEFORE_ACK_STEP")  # fault injection (tests)
-    runner = LearnerRunner(learner, buffer, kill_before_ack_step=int(kill_at) if kill_at else None)
+    runner = LearnerRunner(learner, buffer)
     if learner.rank == 0 and not args.no_server:
         from learner_service.server import SERVICE_NAME, LearnerServicer
         from sinkflex.api.learner.v1 import learner_pb2_grpc

@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import signal
 import threading
 import time
 from concurrent.futures import Future
@@ -79,12 +77,9 @@ class LearnerRunner:
         buffer: a `sinkflex.buffer.TrajectoryBuffer` (rank 0 only; None on other ranks).
     """
 
-    def __init__(self, learner: Learner, buffer=None, kill_before_ack_step: int | None = None, on_step=None):
+    def __init__(self, learner: Learner, buffer=None, on_step=None):
         self.learner = learner
         self.on_step = on_step  # rank 0: called with each step's metrics (e.g. Prometheus)
-        # Fault injection for the exactly-once test: SIGKILL this process right after the
-        # checkpoint of this step is durable and before its groups are acknowledged.
-        self.kill_before_ack_step = kill_before_ack_step
         self.buffer = buffer
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -181,9 +176,6 @@ class LearnerRunner:
     def _checkpoint_and_ack(self, pending: list) -> None:
         path = save_checkpoint(self.learner)
         self.last_checkpoint = str(path)
-        if self.kill_before_ack_step == self.learner.state.step:
-            log.warning("fault injection: SIGKILL after checkpoint %s, before ack", path)
-            os.kill(os.getpid(), signal.SIGKILL)
         if self.learner.rank == 0:
             if pending:
                 self.buffer.ack(pending)

@@ -261,12 +261,15 @@ class LocalConfig(StrictModel):
 
     learner_stop_grace_s: float = Field(600.0, gt=0)
     """On stop the learner finishes its step and checkpoints; SIGKILL after this many seconds."""
-    restart_services: list[Literal["env", "reward"]] = Field(default_factory=list)
-    """Stateless services the launcher restarts (same port) when they die, up to max_restarts times
-    each; the rollout service retries its ScoreBatch calls meanwhile. An env restart loses its open
-    sessions: their episodes end as infrastructure errors. Empty (the default): a dead service stops
-    the run with one line naming it (re-run to resume)."""
-    max_restarts: int = Field(2, ge=0)
+    restart_services: list[Literal["env", "reward", "rollout", "learner", "user_sim", "redis"]] = Field(
+        default_factory=lambda: ["env", "reward", "rollout", "learner", "user_sim", "redis"])
+    """The local processes the launcher restarts (same command, same port; Redis on the same
+    database file and socket) when they die or stay frozen, each up to max_restarts times per run
+    with a doubling backoff; the driver then takes the run up again from the learner's policy
+    version (docs/reliability.md, "Faults"). A vLLM engine or a learner rank that dies restarts its
+    service (rollout, learner). A process not listed, or out of restarts, stops the run with one
+    line naming it (re-run to resume)."""
+    max_restarts: int = Field(3, ge=0)
     """Restarts per service in restart_services, per run."""
 
     @field_validator("gpus", mode="before")

@@ -127,6 +127,10 @@ class Controller:
         self.metrics = MetricsWriter(cfg.run.dir())
         self._metrics_lock = threading.Lock()  # the producer thread writes trajectory records
         self.groups_published = 0
+        #: groups whose rollout was in flight when a fault cut it off (`abandon_in_flight`): rolled out again
+        self.groups_retried = 0
+        self._in_flight = 0  # groups of the Rollout request now in flight (training data)
+        self._producer: threading.Thread | None = None
         #: policy version RL starts from: 1 after a warm start (its published policy), else 0
         self.v0 = 1 if cfg.warm_start.enabled else 0
         self._eval_purpose: dict[str, str] = {}  # eval task id -> purpose (filled by eval_tasks)
@@ -134,6 +138,23 @@ class Controller:
     def close(self) -> None:
         self.metrics.close()
         self.clients.close()
+
+    def reconnect(self, clients: ServiceClients) -> None:
+        """Talks to the services through `clients` from now on (after an in-run restart,
+        `sinkflex_rl.launcher.run_recovering`); the old clients are closed."""
+        self.clients.close()  # the abandoned producer's calls fail at once: it ends before the swap
+        if self._producer is not None:
+            self._producer.join(timeout=120.0)
+        self.clients, self.env, self.rollout, self.learner = clients, clients.env, clients.rollout, clients.learner
+
+    def abandon_in_flight(self) -> int:
+        """Counts the groups of the training Rollout request that was in flight when a fault cut it
+        off into `groups_retried` (the step is rolled out again when `run` goes on; any of them the
+        rollout service had published already are trained or dropped as stale and counted by the
+        learner); returns how many."""
+        n, self._in_flight = self._in_flight, 0
+        self.groups_retried += n
+        return n
 
     # -- tasks ---------------------------------------------------------------------------
     def train_tasks(self) -> list[str]:
@@ -400,14 +421,19 @@ class Controller:
                         return
                     version = self.v0 + max(step - k, start)
                     self.wait_for_version(version)  # never sample with weights older than that
+                    if stop.is_set():
+                        return
                     t0 = time.time()
                     # a fresh sampling seed per step; validations all use run.seed (common random numbers
                     # across policy versions: the paired differences compare like with like)
-                    groups = self.run_rollouts(self.step_tasks(step, pool), cfg.rollout.group_size, cfg.rollout.temperature,
+                    tasks = self.step_tasks(step, pool)
+                    self._in_flight = len(tasks)
+                    groups = self.run_rollouts(tasks, cfg.rollout.group_size, cfg.rollout.temperature,
                                                publish=True, desc=f"rollouts step {step + 1} (>= v{version})",
                                                seed=cfg.run.seed * 100_003 + step + 1)
                     if stop.is_set():
                         return
+                    self._in_flight = 0
                     self.groups_published += len(groups)
                     with self._metrics_lock:
                         for g in groups:
@@ -421,7 +447,7 @@ class Controller:
             except BaseException as err:  # noqa: BLE001 - handed to the main thread
                 produced.put(err)
 
-        producer = threading.Thread(target=produce, name="rollout-producer", daemon=True)
+        producer = self._producer = threading.Thread(target=produce, name="rollout-producer", daemon=True)
         t_loop = t_prev = time.time()
         busy_prev, up_prev = self.engine_usage()
         producer.start()

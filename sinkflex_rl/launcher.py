@@ -6,6 +6,13 @@ check reports SERVING (or an HTTP endpoint answers, for the user-simulator model
 server), writes each process's output to `<run_dir>/logs/<name>.log`, and stops them
 all in reverse start order — SIGTERM, then SIGKILL after a grace period — at exit, on an
 error, or on Ctrl-C. With addresses given in the config nothing is launched.
+
+Like Kubernetes for the pods of a deployment, it restarts a process that died or stays
+frozen (`LocalLauncher.recover`): up to `ManagedProcess.max_restarts` times per process and
+run, each after a backoff that doubles (`restart_delay_s`), with the same command and port; a
+frozen process (stopped past `freeze_timeout_s`) is killed first, as a failed liveness probe
+is. A process out of restarts, or whose restart fails, ends the run with one line naming it
+(`ServiceDied`).
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ class ManagedProcess:
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
     max_restarts: int = 0
-    """How often the launcher restarts it when it dies (`LocalLauncher.check_alive`); 0: never."""
+    """How often the launcher restarts it when it dies or freezes (`LocalLauncher.recover`); 0: never."""
     restarts: int = 0
     ready_timeout_s: float = 300.0
     """How long a restart waits for it to be ready."""
@@ -124,6 +131,40 @@ class ServiceDied(RuntimeError):
 
 
 RESUME_HINT = "re-run the same command to resume"
+
+#: The first restart's backoff (seconds), doubled for each restart of the same process, at most
+#: `RESTART_BACKOFF_MAX_S` (Kubernetes' CrashLoopBackOff: 10 s doubling to 5 min; shorter here,
+#: where a restart costs a model load).
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 30.0
+
+
+def restart_delay_s(restarts: int) -> float:
+    """Seconds to wait before restart number `restarts` + 1 of one process: 1, 2, 4, ... s, at most 30 s."""
+    return min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** max(0, restarts))
+
+
+class ServiceRestarted(RuntimeError):
+    """`LocalLauncher.check_alive` found a process dead or frozen with restarts left: the caller's
+    current operation (a step's rollouts, a wait) is abandoned, `LocalLauncher.recover` restarts it,
+    and the work is taken up again from the learner's policy version. The message is the problem's line."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A process that died or stays frozen.
+
+    Attributes:
+        line: one line naming it, its pid and how it ended, ending with `RESUME_HINT`.
+        target: the name of the process that a restart starts again: a launched process's name,
+            the launched parent of a watched child (`engine` -> rollout, `learner_rank` -> learner),
+            or a watched process with a restart function of its own (`redis`).
+        frozen: stopped (SIGSTOP) past the freeze timeout rather than dead.
+    """
+
+    line: str
+    target: str
+    frozen: bool = False
 
 
 def exit_description(returncode: int) -> str:
@@ -193,8 +234,12 @@ class LocalLauncher:
         #: a process stopped (SIGSTOP, state T) for longer than this is reported as frozen
         self.freeze_timeout_s = freeze_timeout_s
         self._stopped_since: dict[int, float] = {}
-        #: one line per restart (`restart_dead`): what died
+        #: one line per restart (`recover`): what died or froze, and that it was restarted
         self.restart_log: list[str] = []
+        #: watched processes that `recover` restarts itself: name -> (restart function returning
+        #: the new pid, max restarts); and how often each was restarted
+        self.restarters: dict[str, tuple] = {}
+        self.watched_restarts: dict[str, int] = {}
 
     def start(self, spec: ManagedProcess, ready_timeout: float = 300.0) -> ManagedProcess:
         """Starts `spec` in a new process group and waits until it is ready."""
@@ -217,9 +262,17 @@ class LocalLauncher:
         self.write_pids()
         return specs
 
-    def watch(self, name: str, pid: int) -> None:
-        """Watches `pid` (not launched here) like a launched process; recorded in pids.json."""
+    def watch(self, name: str, pid: int, restart=None, max_restarts: int = 0) -> None:
+        """Watches `pid` (not launched here) like a launched process; recorded in pids.json.
+
+        Args:
+            restart: called (no arguments) by `recover` to start it again once it died or was killed
+                frozen; returns the new pid. None: its death ends the run.
+            max_restarts: how often `recover` may call `restart` in this run.
+        """
         self.watched[name] = pid
+        if restart is not None:
+            self.restarters[name] = (restart, max_restarts)
         self.write_pids()
 
     def _watch_children(self) -> None:
@@ -276,37 +329,51 @@ class LocalLauncher:
             self.processes.append(spec)
 
     def check_alive(self) -> None:
-        """Raises `ServiceDied` (one line naming it) if a launched or watched process has died, or has
-        been stopped (SIGSTOP) for longer than `freeze_timeout_s`."""
-        problem = self.restart_dead() or self.diagnose()
-        if problem is not None:
-            raise ServiceDied(problem)
+        """Raises when a launched or watched process has died, or has been stopped (SIGSTOP) for longer
+        than `freeze_timeout_s`: `ServiceRestarted` when `recover` can restart it (restarts left),
+        else `ServiceDied`. Both carry one line naming it. Restarts nothing itself (it is called
+        from the controller's threads; `recover` runs once they have unwound)."""
+        problem = self._problem()
+        if problem is None:
+            return
+        if self._restarts_left(problem.target) > 0:
+            raise ServiceRestarted(problem.line.removesuffix(f"; {RESUME_HINT}") + "; restarting it")
+        raise ServiceDied(self._out_of_restarts(problem))
+
+    def recover(self, settle_s: float = 0.0) -> list[str]:
+        """Restarts every process that died or stays frozen, until none does, each after its backoff
+        (`restart_delay_s`): a frozen one is SIGKILLed first; a dead watched child restarts its
+        launched parent (the rollout service for its vLLM engine, torchrun for a learner rank); the
+        embedded Redis is started again on its database file and socket by its restart function
+        (`watch(restart=...)`). `settle_s`: after a failed call, wait up to this long for a dying
+        process to exit. Returns one line per restart ([] when nothing was dead or frozen).
+
+        Raises:
+            ServiceDied: a process out of restarts (`ManagedProcess.max_restarts`), or whose restart
+                failed; one line naming it, ending with `RESUME_HINT`.
+        """
+        notes: list[str] = []
+        problem = self._settled_problem(settle_s)
+        while problem is not None:
+            if self._restarts_left(problem.target) <= 0:
+                raise ServiceDied(self._out_of_restarts(problem))
+            notes.append(self._restart(problem))
+            problem = self._settled_problem(self.RECOVER_SETTLE_S)
+        return notes
+
+    #: after a restart, how long `recover` waits for another process to show a problem (a killed
+    #: Redis takes the learner down a few seconds later), in seconds
+    RECOVER_SETTLE_S = 2.0
 
     def restart_dead(self) -> str | None:
-        """Restarts every dead process with restarts left (same argv, same port) and waits until it is
-        ready. Returns None, or one line when a restart failed."""
-        for p in self.processes:
-            if p.proc is None or p.proc.poll() is None or p.restarts >= p.max_restarts:
-                continue
-            label, old = LABELS.get(p.name, p.name), p.proc
-            note = f"{label} (pid {old.pid}) died ({exit_description(old.returncode)})"
-            p.restarts += 1
-            log.warning("%s: restarting it (%d of %d)", note, p.restarts, p.max_restarts)
-            self.restart_log.append(note)
-            self._spawn(p, register=False)
-            try:
-                p.wait_ready(p.ready_timeout_s)
-            except (RuntimeError, TimeoutError) as err:
-                first = str(err).splitlines()[0]
-                return f"{note}; its restart failed ({first}); {RESUME_HINT}"
-            log.warning("%s restarted (pid %d)", label, p.proc.pid)
-            self.write_pids()
+        """`recover` without raising: None, or the one line of what could not be restarted."""
+        try:
+            self.recover()
+        except ServiceDied as err:
+            return str(err)
         return None
 
-    def diagnose(self, settle_s: float = 0.0) -> str | None:
-        """One line naming the first launched or watched process that died or stays frozen; None if all
-        are running. `settle_s`: after a failed call, wait up to this long for a dying process to exit
-        (a connection may break a moment before the process is gone)."""
+    def _settled_problem(self, settle_s: float) -> Problem | None:
         deadline = time.monotonic() + settle_s
         while True:
             problem = self._problem()
@@ -314,31 +381,174 @@ class LocalLauncher:
                 return problem
             time.sleep(0.2)
 
-    def _problem(self) -> str | None:
+    def _spec(self, name: str) -> ManagedProcess | None:
+        return next((p for p in self.processes if p.name == name), None)
+
+    def _restarts_left(self, target: str) -> int:
+        spec = self._spec(target)
+        if spec is not None:
+            return spec.max_restarts - spec.restarts
+        if target in self.restarters:
+            _, max_restarts = self.restarters[target]
+            return max_restarts - self.watched_restarts.get(target, 0)
+        return 0
+
+    def _out_of_restarts(self, problem: Problem) -> str:
+        spec = self._spec(problem.target)
+        done = spec.restarts if spec is not None else self.watched_restarts.get(problem.target, 0)
+        if done == 0:
+            return problem.line
+        head = problem.line.removesuffix(f"; {RESUME_HINT}")
+        return f"{head}; restarted {done} time{'s' if done != 1 else ''} already (local.max_restarts); {RESUME_HINT}"
+
+    def _restart(self, problem: Problem) -> str:
+        """Stops what is left of `problem.target` (and its watched children), waits its backoff, starts it
+        again and waits until it is ready. Returns the restart's line (also in `restart_log`)."""
+        target = problem.target
+        spec = self._spec(target)
+        done = spec.restarts if spec is not None else self.watched_restarts.get(target, 0)
+        delay = restart_delay_s(done)
+        what = problem.line.removesuffix(f"; {RESUME_HINT}")
+        log.warning("%s: restarting %s in %.0fs (restart %d)", what, LABELS.get(target, target), delay, done + 1)
+        if spec is None:  # a watched process with its own restart function (the embedded Redis)
+            self._kill_pid(self.watched.get(target))
+            time.sleep(delay)
+            restart, _ = self.restarters[target]
+            self.watched_restarts[target] = done + 1
+            try:
+                pid = restart()
+            except Exception as err:  # noqa: BLE001 - named in one line
+                raise ServiceDied(f"{what}; its restart failed ({type(err).__name__}: {str(err).splitlines()[0][:300]}); "
+                                  f"{RESUME_HINT}") from err
+            self.watched[target] = pid
+            self._stopped_since.clear()
+        else:
+            self._terminate(spec, grace=0.0 if problem.frozen else self._restart_grace(spec))
+            time.sleep(delay)
+            spec.restarts += 1
+            self._spawn(spec, register=False)
+            try:
+                spec.wait_ready(spec.ready_timeout_s)
+            except (RuntimeError, TimeoutError) as err:
+                raise ServiceDied(f"{what}; its restart failed ({str(err).splitlines()[0]}); {RESUME_HINT}") from None
+            self._watch_children()
+        note = f"{what}; restarted ({LABELS.get(target, target)} restart {done + 1}, after {delay:.0f}s)"
+        self.restart_log.append(note)
+        log.warning("%s", note)
+        self.write_pids()
+        return note
+
+    def _restart_grace(self, spec: ManagedProcess) -> float:
+        """SIGTERM-to-SIGKILL grace of a restart: a learner whose rank outlived torchrun checkpoints first;
+        anything else is already broken (a dead engine, a dead rank) and gets a short one."""
+        grace = self.grace_seconds if spec.stop_grace_s is None else spec.stop_grace_s
+        return grace if spec.name == "learner" and spec.proc is not None and spec.proc.poll() is not None else min(grace, 10.0)
+
+    def _terminate(self, spec: ManagedProcess, grace: float) -> None:
+        """SIGTERM (SIGCONT first) `spec`'s process group and its watched children, SIGKILL what is left
+        after `grace` seconds (0: SIGKILL at once); forgets the children."""
+        import psutil
+
+        kids = [(n, pid) for n, pid in self.watched.items()
+                if self.watched_parent.get(pid) == (spec.proc.pid if spec.proc is not None else None)]
+        procs = []
+        for _, pid in kids:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        sig = signal.SIGTERM if grace > 0 else signal.SIGKILL
+        if spec.proc is not None and spec.proc.poll() is None:
+            for s in (sig, signal.SIGCONT):
+                try:
+                    os.killpg(spec.proc.pid, s)
+                except ProcessLookupError:
+                    pass
+        for proc in procs:  # ranks run in a session of their own: the group's signal missed them
+            try:
+                proc.send_signal(sig)
+                proc.send_signal(signal.SIGCONT)
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + grace
+        if spec.proc is not None:
+            try:
+                spec.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            if spec.proc.poll() is None:
+                try:
+                    os.killpg(spec.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                spec.proc.wait()
+        _, alive = psutil.wait_procs(procs, timeout=max(0.1, deadline - time.monotonic()))
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+        for name, pid in kids:
+            self.watched.pop(name, None)
+            self.watched_parent.pop(pid, None)
+            self._stopped_since.pop(pid, None)
+        if spec.proc is not None:
+            self._stopped_since.pop(spec.proc.pid, None)
+
+    @staticmethod
+    def _kill_pid(pid: int | None) -> None:
+        """SIGKILL `pid` (SIGCONT first) and wait until it is gone (at most 10 s)."""
+        if not pid:
+            return
+        import psutil
+
+        try:
+            proc = psutil.Process(pid)
+            proc.send_signal(signal.SIGKILL)
+            proc.send_signal(signal.SIGCONT)
+            proc.wait(timeout=10)
+        except (psutil.Error, subprocess.TimeoutExpired):
+            pass
+
+    def diagnose(self, settle_s: float = 0.0) -> str | None:
+        """One line naming the first launched or watched process that died or stays frozen; None if all
+        are running. `settle_s`: after a failed call, wait up to this long for a dying process to exit
+        (a connection may break a moment before the process is gone)."""
+        problem = self._settled_problem(settle_s)
+        return None if problem is None else problem.line
+
+    def _parent_name(self, pid: int) -> str | None:
+        ppid = self.watched_parent.get(pid)
+        return next((p.name for p in self.processes if p.proc is not None and p.proc.pid == ppid), None)
+
+    def _problem(self) -> Problem | None:
         for p in self.processes:
             if p.proc is not None and p.proc.poll() is not None:
                 where = f" (log: {p.log_path})" if p.log_path else ""
                 # torchrun exits 1 when a rank dies: name the rank's own signal when we know it
                 oom = f"; {OOM_HINT}" if p.proc.returncode == -signal.SIGKILL else ""
-                return (f"{LABELS.get(p.name, p.name)} (pid {p.proc.pid}) died ({exit_description(p.proc.returncode)})"
-                        f"{self._rank_note(p)}{where}{oom}; {RESUME_HINT}")
+                return Problem(f"{LABELS.get(p.name, p.name)} (pid {p.proc.pid}) died ({exit_description(p.proc.returncode)})"
+                               f"{self._rank_note(p)}{where}{oom}; {RESUME_HINT}", p.name)
         try:
             import psutil
         except ImportError:  # pragma: no cover
             return None
-        for name, pid in self.watched.items():
+        for name, pid in list(self.watched.items()):
             label = LABELS.get(name.rstrip("_0123456789"), name)
+            target = self._parent_name(pid) or name
             try:
                 status = psutil.Process(pid).status()
             except psutil.NoSuchProcess:
-                return self._exiting_parent(pid, label) or f"{label} (pid {pid}) died; {RESUME_HINT}"
+                parent = self._exiting_parent(pid, label)
+                return Problem(parent or f"{label} (pid {pid}) died; {RESUME_HINT}", target)
             except psutil.Error:
                 continue
             if status == psutil.STATUS_ZOMBIE:
                 parent = self._exiting_parent(pid, label)
                 if parent is not None:  # the service is stopping (e.g. SIGTERM) and took its child with it
-                    return parent
-                return f"{label} (pid {pid}) died ({zombie_exit_description(pid)}); {RESUME_HINT}"
+                    return Problem(parent, target)
+                return Problem(f"{label} (pid {pid}) died ({zombie_exit_description(pid)}); {RESUME_HINT}", target)
         now = time.monotonic()
         for name, pid in self.pids().items():
             if name == "driver":
@@ -353,8 +563,9 @@ class LocalLauncher:
             since = self._stopped_since.setdefault(pid, now)
             if now - since >= self.freeze_timeout_s:
                 label = LABELS.get(name.rstrip("_0123456789"), name)
-                return (f"{label} (pid {pid}) is frozen (stopped, e.g. SIGSTOP) for over {self.freeze_timeout_s:.0f}s; "
-                        f"{RESUME_HINT}")
+                target = name if self._spec(name) is not None else (self._parent_name(pid) or name)
+                return Problem(f"{label} (pid {pid}) is frozen (stopped, e.g. SIGSTOP) for over {self.freeze_timeout_s:.0f}s; "
+                               f"{RESUME_HINT}", target, frozen=True)
         return None
 
     def _exiting_parent(self, pid: int, label: str) -> str | None:
@@ -473,3 +684,49 @@ def _cmdline(proc) -> list[str]:
 def python_module(module: str, *args: str) -> list[str]:
     """argv for `python -m module args...` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+#: At most this many in-run recoveries per run (each also needs a restart left, `recover`).
+MAX_RECOVERIES = 64
+
+
+def run_recovering(controller, launcher: LocalLauncher, reconnect) -> int:
+    """`controller.run()`, taken up again after each in-run recovery, as Kubernetes restarts a pod:
+    when it raises (a `ServiceRestarted` from its liveness checks, or a failed call) the
+    controller's clients are closed (cancelling its in-flight calls), `launcher.recover` restarts
+    what died or froze, the controller gets fresh clients (`reconnect()`, a `ServiceClients`) and
+    runs again from the learner's policy version (`Controller.run` resumes: the engine is brought
+    to the learner's version, a step whose rollouts were cut off is rolled out again and counted
+    in `Controller.groups_retried`). Each recovery is a line of <run_dir>/recoveries.jsonl.
+
+    Returns:
+        the policy version `controller.run()` returned.
+
+    Raises:
+        ServiceDied: a process out of restarts or whose restart failed (one line naming it).
+        the controller's exception: when nothing had died or frozen (not a fault this heals), or
+            after `MAX_RECOVERIES` recoveries.
+    """
+    import json
+
+    for _ in range(MAX_RECOVERIES):
+        try:
+            return controller.run()
+        except Exception as err:  # noqa: BLE001 - recovered, or raised again below
+            from sinkflex.config import ConfigError
+
+            if isinstance(err, (ConfigError, ServiceDied)):  # not a fault, or out of restarts
+                raise
+            controller.clients.close()  # cancels the abandoned producer's Rollout stream and polls
+            notes = launcher.recover(settle_s=3.0)
+            if not notes and not isinstance(err, ServiceRestarted):
+                raise
+            retried = controller.abandon_in_flight()
+            record = {"time": time.time(), "error": f"{type(err).__name__}: {str(err).splitlines()[0][:500] if str(err) else ''}",
+                      "restarted": notes, "groups_retried": retried}
+            with open(launcher.run_dir / "recoveries.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            log.warning("recovered in-run (%s); %d in-flight group(s) to roll out again; going on from the learner's "
+                        "policy version", "; ".join(notes) or str(err).splitlines()[0], retried)
+            controller.reconnect(reconnect())
+    return controller.run()

@@ -5,7 +5,9 @@ resumes the stream), the generated task set (`task.generate`, into <run_dir>/tas
 frozen user-simulator model server, env, reward, rollout (policy engine); then, with a
 warm start, the demonstrations (golden actions played through the env and reward services,
 sinkflex_rl/warm_start.py, into <run_dir>/warm_start/demonstrations.pb); then the learner
-(torchrun), which trains on them first. Each service config is written to
+(torchrun), which trains on them first. The launcher restarts each of them (and the embedded
+Redis) when it dies or freezes, up to local.max_restarts times (local.restart_services).
+Each service config is written to
 <run_dir>/configs/<service>.yaml — the exact configuration that ran — and passed with
 `--config`.
 
@@ -103,11 +105,12 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
         log.info("GPU placement: %s; learner --nproc_per_node=%d", placement.cuda_visible_devices, placement.learner_nproc)
     run_dir = cfg.run.dir()
     redis_url = cfg.services.redis_url or os.environ.get("REDIS_URL") or embedded_redis_url(path=str(run_dir / "redis" / "buffer.db"))
-    from sinkflex.buffer.embedded import embedded_redis_pid
+    from sinkflex.buffer.embedded import embedded_redis_pid, restart_embedded_redis
 
     redis_pid = embedded_redis_pid(redis_url)
-    if redis_pid:  # the embedded server runs in its own process: watched like a service
-        launcher.watch("redis", redis_pid)
+    if redis_pid:  # the embedded server runs in its own process: watched (and restarted) like a service
+        launcher.watch("redis", redis_pid, restart=lambda: restart_embedded_redis(redis_url),
+                       max_restarts=_max_restarts(cfg, "redis"))
     policy = _model(cfg, "policy")
     ports = {name: free_port() for name in ("env", "reward", "rollout", "learner", "user_sim")}
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
@@ -138,6 +141,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
             # vLLM CPU binds its OpenMP threads to core 0 by default; the policy engine keeps
             # it, the user simulator takes the last core
             env={"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1)), **OFFLINE, **placement.env("user_sim")},
+            max_restarts=_max_restarts(cfg, "user_sim"), ready_timeout_s=cfg.local.ready_timeout_s,
         ))
     demos = demonstrations_path(run_dir) if cfg.warm_start.enabled else None
     configs = service_configs(cfg, policy, addresses, redis_url, user_base_url, task_files=task_files,
@@ -162,7 +166,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
             nice = ENGINE_NICE if bind == "all" else 0
         specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
                                     health=HEALTH[name], address=addresses[name], env=env, nice=nice,
-                                    max_restarts=cfg.local.max_restarts if name in cfg.local.restart_services else 0,
+                                    max_restarts=_max_restarts(cfg, name),
                                     ready_timeout_s=cfg.local.ready_timeout_s))
     # env, reward and the engine load in parallel (the engine is the slow one)
     launcher.start_all(specs, ready_timeout=cfg.local.ready_timeout_s)
@@ -173,9 +177,16 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
                                             "--port", str(ports["learner"]), "--no-metrics"],
                                 health=HEALTH["learner"], address=addresses["learner"],
                                 env={**common_env, **learner_cpu_env(cfg.local, placement.on_gpus), **placement.env("learner")},
-                                stop_grace_s=cfg.local.learner_stop_grace_s))
+                                stop_grace_s=cfg.local.learner_stop_grace_s, max_restarts=_max_restarts(cfg, "learner"),
+                                ready_timeout_s=cfg.local.ready_timeout_s))
     launcher.start_all([learner], ready_timeout=cfg.local.ready_timeout_s)
     return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner=addresses["learner"])
+
+
+def _max_restarts(cfg: TrainConfig, name: str) -> int:
+    """How often the launcher restarts process `name` in this run: local.max_restarts when it is one of
+    local.restart_services, else 0 (its death or freeze ends the run)."""
+    return cfg.local.max_restarts if name in cfg.local.restart_services else 0
 
 
 #: niceness of a CPU rollout engine bound to every core (`local.engine_cpu_threads_bind` "all"),

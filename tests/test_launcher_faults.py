@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from sinkflex_rl.launcher import LocalLauncher, ManagedProcess, ServiceDied
+from sinkflex_rl.launcher import (LocalLauncher, ManagedProcess, ServiceDied, ServiceRestarted, restart_delay_s,
+                                  run_recovering)
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -187,30 +188,151 @@ def test_rollout_retries_a_restarting_reward_service():
 
 
 def test_dead_service_with_restarts_left_is_restarted(tmp_path):
-    """local.restart_services: a dead stateless service is started again (same argv) up to max_restarts
-    times; then its death stops the run like any other."""
+    """A dead service with restarts left: check_alive raises ServiceRestarted (the controller unwinds),
+    recover starts it again (same argv) after its backoff; out of restarts, its death is ServiceDied
+    naming it and how often it was restarted."""
     with LocalLauncher(tmp_path) as launcher:
         (reward,) = launcher.start_all([ManagedProcess("reward", SLEEP, max_restarts=1, ready_timeout_s=30)])
         first = reward.proc.pid
         os.kill(first, signal.SIGKILL)
         reward.proc.wait()
-        launcher.check_alive()  # restarted, not raised
+        with pytest.raises(ServiceRestarted, match=f"reward service \\(pid {first}\\) died .*; restarting it$"):
+            launcher.check_alive()
+        notes = launcher.recover()
         assert reward.proc.pid != first and reward.proc.poll() is None
         assert json.loads((tmp_path / "pids.json").read_text())["reward"] == reward.proc.pid
-        assert launcher.restart_log == [f"reward service (pid {first}) died (exit -9, signal SIGKILL)"]
+        assert len(notes) == 1 and notes == launcher.restart_log
+        assert notes[0].startswith(f"reward service (pid {first}) died (exit -9, signal SIGKILL)")
+        assert notes[0].endswith("restarted (reward service restart 1, after 1s)")
         assert len(launcher.processes) == 1
+        launcher.check_alive()
+        assert launcher.recover() == []  # nothing dead: nothing restarted
         os.kill(reward.proc.pid, signal.SIGKILL)
         reward.proc.wait()
-        with pytest.raises(ServiceDied, match=f"reward service \\(pid {reward.proc.pid}\\) died"):
+        with pytest.raises(ServiceDied, match=f"reward service \\(pid {reward.proc.pid}\\) died .*restarted 1 time "
+                                              "already \\(local.max_restarts\\); re-run the same command to resume$"):
             launcher.check_alive()
+        with pytest.raises(ServiceDied, match="restarted 1 time already"):
+            launcher.recover()
 
 
-def test_restart_config_defaults_off():
+def test_restart_backoff_doubles_up_to_its_cap():
+    assert [restart_delay_s(n) for n in range(7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+def test_a_frozen_process_is_killed_and_restarted(tmp_path):
+    """SIGSTOP past the freeze timeout: like a failed liveness probe, SIGKILL and start again."""
+    import psutil
+
+    with LocalLauncher(tmp_path, freeze_timeout_s=0.3) as launcher:
+        (env,) = launcher.start_all([ManagedProcess("env", SLEEP, max_restarts=2, ready_timeout_s=30)])
+        first = env.proc.pid
+        os.kill(first, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while psutil.Process(first).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        launcher.check_alive()  # stopped, not yet past the freeze timeout
+        time.sleep(0.5)
+        with pytest.raises(ServiceRestarted, match=f"env service \\(pid {first}\\) is frozen"):
+            launcher.check_alive()
+        (note,) = launcher.recover()
+        assert "is frozen" in note and env.proc.pid != first and env.proc.poll() is None
+        assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_dead_watched_child_restarts_its_parent_and_a_restart_function_restarts_redis(tmp_path):
+    """A dead vLLM engine (a watched child of the rollout service) restarts the rollout service; a
+    watched process with a restart function (the embedded Redis) is started again by it."""
+    import subprocess
+
+    with LocalLauncher(tmp_path) as launcher:
+        launcher.CHILD_EXIT_SETTLE_S = 1.0
+        pid_file = tmp_path / "child.pid"
+        (rollout,) = launcher.start_all([ManagedProcess("rollout", PARENT + [str(pid_file)], max_restarts=1, ready_timeout_s=30)])
+        deadline = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child, first = int(pid_file.read_text()), rollout.proc.pid
+        launcher.watch("engine", child)
+        launcher.watched_parent[child] = first
+        fakes = [subprocess.Popen(SLEEP)]
+
+        def restart_redis() -> int:
+            fakes.append(subprocess.Popen(SLEEP))
+            return fakes[-1].pid
+
+        try:
+            launcher.watch("redis", fakes[0].pid, restart=restart_redis, max_restarts=1)
+            os.kill(child, signal.SIGKILL)
+            os.kill(fakes[0].pid, signal.SIGKILL)
+            fakes[0].wait()
+            with pytest.raises(ServiceRestarted):
+                launcher.check_alive()
+            notes = launcher.recover(settle_s=1.0)
+            assert len(notes) == 2 and sorted(n.split(" ")[0] for n in notes) == ["embedded", "vLLM"], notes
+            assert rollout.proc.pid != first and rollout.proc.poll() is None
+            assert launcher.watched["redis"] == fakes[1].pid and "engine" not in launcher.watched
+            assert json.loads((tmp_path / "pids.json").read_text())["redis"] == fakes[1].pid
+        finally:
+            for f in fakes:
+                f.kill()
+                f.wait()
+
+
+class _FlakyController:
+    """A controller whose first run is cut off by a restart (the learner's liveness check)."""
+
+    def __init__(self, launcher):
+        self.launcher, self.runs, self.reconnected, self._in_flight, self.groups_retried = launcher, 0, [], 2, 0
+        self.clients = type("C", (), {"close": lambda self: None})()
+
+    def run(self) -> int:
+        self.runs += 1
+        if self.runs == 1:
+            self.launcher.check_alive()
+        return 7
+
+    def abandon_in_flight(self) -> int:
+        n, self._in_flight = self._in_flight, 0
+        self.groups_retried += n
+        return n
+
+    def reconnect(self, clients) -> None:
+        self.reconnected.append(clients)
+
+
+def test_run_recovering_restarts_and_runs_again(tmp_path):
+    with LocalLauncher(tmp_path) as launcher:
+        (env,) = launcher.start_all([ManagedProcess("env", SLEEP, max_restarts=1, ready_timeout_s=30)])
+        os.kill(env.proc.pid, signal.SIGKILL)
+        env.proc.wait()
+        controller = _FlakyController(launcher)
+        assert run_recovering(controller, launcher, lambda: "fresh clients") == 7
+        assert controller.runs == 2 and controller.reconnected == ["fresh clients"] and controller.groups_retried == 2
+        (record,) = [json.loads(x) for x in (tmp_path / "recoveries.jsonl").read_text().splitlines()]
+        assert record["error"].startswith("ServiceRestarted: env service") and record["groups_retried"] == 2
+        assert len(record["restarted"]) == 1 and "restarted (env service restart 1" in record["restarted"][0]
+
+
+def test_run_recovering_raises_what_no_restart_heals(tmp_path):
+    class Broken(_FlakyController):
+        def run(self) -> int:
+            raise ValueError("a bug, not a fault")
+
+    with LocalLauncher(tmp_path) as launcher:
+        launcher.start_all([ManagedProcess("env", SLEEP, max_restarts=1, ready_timeout_s=30)])
+        with pytest.raises(ValueError, match="a bug"):
+            run_recovering(Broken(launcher), launcher, lambda: None)
+        assert not (tmp_path / "recoveries.jsonl").exists()
+
+
+def test_restart_config_defaults_on():
     from sinkflex_rl.config import LocalConfig
 
-    assert LocalConfig().restart_services == [] and LocalConfig(restart_services=["reward"]).max_restarts == 2
+    assert LocalConfig().restart_services == ["env", "reward", "rollout", "learner", "user_sim", "redis"]
+    assert LocalConfig().max_restarts == 3
     with pytest.raises(Exception):
-        LocalConfig(restart_services=["learner"])
+        LocalConfig(restart_services=["driver"])
 
 
 def test_a_process_starts_at_its_niceness(tmp_path):
@@ -235,3 +357,45 @@ def test_a_process_starts_at_its_niceness(tmp_path):
         assert group == "7"  # its session's autogroup: what CFS shares the cores by
     finally:
         launcher.stop_all()
+
+
+def test_embedded_redis_keeps_every_answered_write_across_a_sigkill(tmp_path):
+    """PERSISTENCE["kill"]: every write Redis answered survives a SIGKILL of redis-server; the restart
+    (`restart_embedded_redis`) keeps the URL (same socket) and replays the AOF: stream entries, the
+    consumer group's pending entries and the trained-id set are all there. PERSISTENCE["power_loss"]
+    rests on `appendfsync always` (fsync before the reply), checked on the running server."""
+    import dataclasses
+
+    import psutil
+    import redis
+
+    from sinkflex.api.common.v1 import common_pb2
+    from sinkflex.buffer import TrajectoryBuffer
+    from sinkflex.buffer.embedded import PERSISTENCE, embedded_redis_pid, embedded_redis_url, restart_embedded_redis
+
+    url = embedded_redis_url(path=str(tmp_path / "redis" / "buffer.db"))
+    with redis.Redis.from_url(url) as r:
+        assert r.config_get("appendonly")["appendonly"] == "yes"
+        assert r.config_get("appendfsync")["appendfsync"] == "always"
+    buf = TrajectoryBuffer(url=url, stream="persist")
+    ids = [f"p{i}" for i in range(20)]
+    for gid in ids:
+        group = common_pb2.TrajectoryGroup(group_id=gid, task_id="t", env="mock")
+        group.trajectories.add(token_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, -1.0], reward=1.0)
+        buf.put(group)
+    got = buf.read("learner-0", count=3, block_ms=100)
+    buf.ack(got[:1])  # one trained and acknowledged, two delivered and pending
+    before = buf.stats()
+    pid = embedded_redis_pid(url)
+    os.kill(pid, signal.SIGKILL)  # answered writes go to the AOF before the reply: none is lost
+    psutil.Process(pid).wait(timeout=10) if psutil.pid_exists(pid) else None
+    new_pid = restart_embedded_redis(url)
+    assert new_pid != pid and embedded_redis_pid(url) == new_pid
+    after = TrajectoryBuffer(url=url, stream="persist")
+    drop_age = lambda st: {k: v for k, v in dataclasses.asdict(st).items() if k != "oldest_unconsumed_age_s"}  # noqa: E731
+    assert drop_age(after.stats()) == drop_age(before) and before.pending == 2 and before.stream_length == 20
+    pending = after.read("learner-0", count=10, block_ms=100)  # the pending two come back first
+    assert [e.group.group_id for e in pending][:2] == ids[1:3]
+    assert set(PERSISTENCE) == {"kill", "power_loss"}
+    buf.close()
+    after.close()

@@ -27,7 +27,6 @@ LINEAR_ADAM = dict(lr=1e3, eps=1e3, max_grad_norm=None)
 
 def _env() -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    env.pop("SINKFLEX_LEARNER_KILL_BEFORE_ACK_STEP", None)
     return env
 
 
@@ -84,13 +83,29 @@ def test_fsdp_two_ranks_equal_one_rank(tmp_path, buffer):
         torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+#: `python -m learner_service` with a fault hook the test injects: SIGKILL right after the checkpoint of
+#: learner step argv[1] is durable, before its groups are acknowledged (the service reads no hook)
+KILL_BEFORE_ACK = """
+import os, signal, sys
+import learner_service.loop as loop
+step = int(sys.argv.pop(1))
+save = loop.save_checkpoint
+def save_then_kill(learner, *args, **kwargs):
+    path = save(learner, *args, **kwargs)
+    if learner.state.step == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return path
+loop.save_checkpoint = save_then_kill
+from learner_service.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def _start(cfg_path: Path, kill_before_ack: int | None = None) -> subprocess.Popen:
-    env = _env()
-    if kill_before_ack is not None:
-        env["SINKFLEX_LEARNER_KILL_BEFORE_ACK_STEP"] = str(kill_before_ack)
     log = open(cfg_path.with_suffix(f".{time.monotonic_ns()}.log"), "w")
-    return subprocess.Popen([sys.executable, "-m", "learner_service", "--config", str(cfg_path), "--no-server", "--max-steps", "6"],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    head = ["-m", "learner_service"] if kill_before_ack is None else ["-c", KILL_BEFORE_ACK, str(kill_before_ack)]
+    return subprocess.Popen([sys.executable, *head, "--config", str(cfg_path), "--no-server", "--max-steps", "6"],
+                            cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
 
 
 def _records(run_dir: Path) -> list[dict]:

@@ -36,6 +36,7 @@ def _fake_controller(outcomes: list):
 
     class FakeController:
         groups_published = 0
+        groups_retried = 0
 
         def __init__(self, cfg, clients, alive_check=None):
             self.outcome = outcomes.pop(0)

