@@ -23,6 +23,7 @@ from pathlib import Path
 
 from learner_service.checkpoint import full_model_state_dict
 from learner_service.trainer import Learner
+from sinkflex.chat_templates import with_tool_use
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,11 @@ def _copy_tokenizer(src: Path, out: Path) -> None:
     """The tokenizer of the model folder `src` into `out`, written by the tokenizer's own
     `save_pretrained` (every file it needs: vocab, merges, sentencepiece model, chat template,
     ...), and `src`'s generation_config.json as is (vLLM's sampling defaults); nothing for a
-    folder without a tokenizer (`TOKENIZER_MARKERS`).
+    folder without a tokenizer (`TOKENIZER_MARKERS`). A chat template that does not render tools
+    itself gets a named ``tool_use`` template beside it (`sinkflex.chat_templates.with_tool_use`),
+    which renders ``apply_chat_template(messages, tools=...)`` as the rollouts were rendered in
+    training (the Hermes tool block, ``<tool_call>`` and ``<tool_response>``): what ``vllm serve``
+    of the version gives a client that sends tools; without tools the model's own template renders.
 
     Raises:
         OSError, ValueError: `src` has tokenizer files that transformers cannot load.
@@ -86,7 +91,9 @@ def _copy_tokenizer(src: Path, out: Path) -> None:
     if any((src / name).is_file() for name in TOKENIZER_MARKERS):
         from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(src).save_pretrained(out)
+        tokenizer = AutoTokenizer.from_pretrained(src)
+        tokenizer.chat_template = with_tool_use(tokenizer.chat_template)
+        tokenizer.save_pretrained(out)
     if (src / "generation_config.json").is_file():
         shutil.copy2(src / "generation_config.json", out / "generation_config.json")
 

@@ -68,6 +68,7 @@ from rollout_service.parsers import (
     split_reasoning,
 )
 from sinkflex.api.common.v1 import common_pb2
+from sinkflex.chat_templates import HERMES_TOOLS_PROMPT, hermes_system  # noqa: F401 (HERMES_TOOLS_PROMPT re-exported)
 
 #: The model families (`AgentConfig.tool_format`).
 FAMILIES = ("hermes", "qwen3", "llama3", "harmony")
@@ -77,22 +78,6 @@ REASONING_EFFORTS = ("low", "medium", "high")
 
 _ROLE = {common_pb2.ROLE_SYSTEM: "system", common_pb2.ROLE_USER: "user", common_pb2.ROLE_ASSISTANT: "assistant",
          common_pb2.ROLE_TOOL: "tool"}
-
-HERMES_TOOLS_PROMPT = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
-)
-
-
-def hermes_system(system_prompt: str, tools: Sequence[dict]) -> str:
-    """The system message for a template without native tools: the Hermes tool block (one
-    OpenAI function schema per line), then the environment's system prompt."""
-    if not tools:
-        return system_prompt
-    block = HERMES_TOOLS_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
-    return f"{block}\n\n{system_prompt}"
 
 
 def tool_schema(spec: common_pb2.ToolSpec) -> dict:
@@ -159,7 +144,10 @@ class ChatTemplateFormatter:
         self._fam = _FAMILIES[family]
         self.enable_thinking = enable_thinking
         template = tokenizer.chat_template or ""
-        self.native_tools = "tools" in template
+        # a published policy version keeps the model's template as "default" and adds a named
+        # "tool_use" one for serving (sinkflex.chat_templates): rollouts render with the default
+        default = template.get("default", "") if isinstance(template, dict) else template
+        self.native_tools = "tools" in default
         eot = tokenizer.convert_tokens_to_ids(self._fam.eot)
         self.eot_id = eot if isinstance(eot, int) and eot != tokenizer.unk_token_id else tokenizer.eos_token_id
         stops = {self.eot_id, tokenizer.eos_token_id}

@@ -41,13 +41,13 @@ def test_bin_script_lets_models_prepare_hub_download(tmp_path):
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path / "cache"), HF_HUB_ETAG_TIMEOUT="2",
                HF_HUB_DOWNLOAD_TIMEOUT="2")
     out = subprocess.run([str(root / "bin" / "sinkflex-rl"), "models", "prepare", "someorg/somemodel", "--hub"],
-                         capture_output=True, text=True, env=env, timeout=120)
+                         capture_output=True, text=True, env=env, timeout=120, check=False)
     assert out.returncode == 2, out.stderr
     assert "downloading from the Hugging Face hub (http://127.0.0.1:9) failed" in out.stderr
     assert "HF_HUB_OFFLINE" not in out.stderr
     # without --hub: the local cache only, never the network
     out = subprocess.run([str(root / "bin" / "sinkflex-rl"), "models", "prepare", "someorg/somemodel"],
-                         capture_output=True, text=True, env=env, timeout=120)
+                         capture_output=True, text=True, env=env, timeout=120, check=False)
     assert out.returncode == 2 and "hub downloads are off" in out.stderr
 
 
