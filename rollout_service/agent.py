@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from rollout_service.engine import Engine, Sampling
 from rollout_service.episode import (  # noqa: F401 - re-exported
@@ -207,20 +208,25 @@ class AgentLoop:
                 t.metrics["reward_error"] = 1.0
         self._count_unscored(trajs)
 
-    #: Backoff (seconds) between tries of a ScoreBatch that failed UNAVAILABLE / DEADLINE_EXCEEDED (a reward
-    #: service restarting): scoring is idempotent, so it is asked again; then the error propagates.
-    SCORE_RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+    #: Tries of a ScoreBatch that failed UNAVAILABLE / DEADLINE_EXCEEDED (a reward service restarting):
+    #: scoring is idempotent, so it is asked again after 0.5, 1, 2, ... s (at most 16 s); then the error
+    #: propagates.
+    SCORE_ATTEMPTS = 7
+    SCORE_RETRY_WAIT_S = 0.5
 
     async def _score_batch_retrying(self, client, reqs):
-        for delay in (*self.SCORE_RETRY_DELAYS_S, None):
-            try:
+        def retrying(state) -> None:
+            err = state.outcome.exception()
+            log.warning("reward ScoreBatch failed (%s); retrying in %.1fs", err.code.name, state.next_action.sleep)
+            self.totals["reward_retries"] = self.totals.get("reward_retries", 0.0) + 1.0
+
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(self.SCORE_ATTEMPTS),
+                                           wait=wait_exponential(multiplier=self.SCORE_RETRY_WAIT_S, min=self.SCORE_RETRY_WAIT_S,
+                                                                  max=32 * self.SCORE_RETRY_WAIT_S),
+                                           retry=retry_if_exception(lambda e: isinstance(e, ServiceError) and e.retryable),
+                                           before_sleep=retrying, reraise=True):
+            with attempt:
                 return await asyncio.to_thread(client.score_batch, reqs)
-            except ServiceError as err:
-                if not err.retryable or delay is None:
-                    raise
-                log.warning("reward ScoreBatch failed (%s); retrying in %.1fs", err.code.name, delay)
-                self.totals["reward_retries"] = self.totals.get("reward_retries", 0.0) + 1.0
-                await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     def _mark_stopped(self, trajs: Sequence[common_pb2.Trajectory]) -> None:

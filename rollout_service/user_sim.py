@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from rollout_service.engine import Engine, Sampling
+from sinkflex.retry import poll_until
 
 log = logging.getLogger(__name__)
 
@@ -160,17 +161,19 @@ def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: st
            "--enforce-eager", "--disable-log-stats"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ), start_new_session=True)
-    deadline = time.monotonic() + timeout
     url = f"http://{host}:{port}/v1/models"
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"vLLM server exited with code {proc.returncode} (command: {' '.join(cmd)})")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return proc
+                return r.status == 200
         except OSError:
-            time.sleep(1.0)
+            return False
+
+    if poll_until(answers, timeout, every_s=1.0):
+        return proc
     stop_vllm_server(proc)
     raise RuntimeError(f"vLLM server did not answer {url} within {timeout:.0f} s")
 

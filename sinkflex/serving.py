@@ -29,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sinkflex.errors import ServiceError, bound_message
 from sinkflex.metrics import MetricsServer, ServiceMetrics, start_metrics_server
+from sinkflex.retry import poll_until
 from sinkflex.tls import TLSConfig, client_tls, unavailable_hint
 
 log = logging.getLogger(__name__)
@@ -78,25 +79,27 @@ def wait_for_serving(channel: grpc.Channel, service: str = "", timeout: float = 
     Raises:
         TimeoutError: not SERVING within `timeout` seconds.
     """
-    import time
-
     stub = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while time.monotonic() < deadline:
+    last = ["no answer"]
+
+    def serving() -> bool:
         try:
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0)
-            if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-            last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
         except grpc.RpcError as err:  # not up yet
-            last = f"{err.code().name}: {err.details()}"
+            last[0] = f"{err.code().name}: {err.details()}"
             tls = channel_is_tls(channel)
             hint = unavailable_hint(err.details() or "", tls) if tls is not None else ""
             if hint and err.code() == grpc.StatusCode.UNAVAILABLE:
-                last = f"{last} ({hint})"
-        time.sleep(0.1)
-    raise TimeoutError(f"service {service!r} not SERVING after {timeout:.0f}s: {last}")
+                last[0] = f"{last[0]} ({hint})"
+            return False
+        if resp.status == health_pb2.HealthCheckResponse.SERVING:
+            return True
+        last[0] = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        return False
+
+    if poll_until(serving, timeout, every_s=0.1):
+        return
+    raise TimeoutError(f"service {service!r} not SERVING after {timeout:.0f}s: {last[0]}")
 
 
 class _Undecodable:

@@ -67,6 +67,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 from tqdm.auto import tqdm
 
 from sinkflex.api.common.v1 import common_pb2
@@ -75,6 +76,7 @@ from sinkflex.api.rollout.v1 import rollout_pb2
 from sinkflex.config import ConfigError
 from sinkflex.errors import ServiceError
 from sinkflex.reporting import MetricsWriter, mean_ci, pass_hat_k
+from sinkflex.retry import poll_until
 from sinkflex_rl.clients import Addresses, ServiceClients
 from sinkflex_rl.config import TrainConfig
 
@@ -223,21 +225,21 @@ class Controller:
 
     def wait_for_engine(self, version: int) -> None:
         """Blocks until the rollout engine serves policy `version` (the learner's UpdateWeights landed)."""
-        deadline = time.monotonic() + self.cfg.run.step_timeout_s
-        while True:
+        served = [-1]
+
+        def serves() -> bool:
             self.alive_check()
             try:
-                served = self.rollout.status(timeout=POLL_TIMEOUT_S).policy_version
+                served[0] = self.rollout.status(timeout=POLL_TIMEOUT_S).policy_version
             except ServiceError as err:
                 if not err.retryable:
                     raise
-                served = -1
-            if served >= version:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the rollout engine did not serve policy version {version} within "
-                                   f"{self.cfg.run.step_timeout_s:.0f}s (serves v{served})")
-            time.sleep(0.5)
+                served[0] = -1
+            return served[0] >= version
+
+        if not poll_until(serves, self.cfg.run.step_timeout_s, every_s=0.5):
+            raise TimeoutError(f"the rollout engine did not serve policy version {version} within "
+                               f"{self.cfg.run.step_timeout_s:.0f}s (serves v{served[0]})")
 
     def run_rollouts(self, task_ids: list[str], group_size: int, temperature: float, publish: bool, desc: str,
                      seed: int | None = None) -> list[common_pb2.TrajectoryGroup]:
@@ -284,28 +286,33 @@ class Controller:
         Raises:
             TimeoutError: not done within run.step_timeout_s (the message says where it is).
         """
-        deadline = time.monotonic() + self.cfg.run.step_timeout_s
-        # version 0 is the initial model: the engine starts with it and nothing is ever published for it
-        while version > 0 and (published := self.published_version()) < version:
+        published = [-1]
+
+        def durable() -> bool:  # version 0 is the initial model: the engine starts with it, nothing is published
+            if version <= 0:
+                return True
+            published[0] = self.published_version()
+            if published[0] >= version:
+                return True
             self.alive_check()
-            if time.monotonic() > deadline:
-                try:
-                    st = self.learner_status()
-                    where = f"at v{st.policy_version}, {st.groups_trained} groups trained, v{published} published"
-                except ServiceError as err:
-                    where = f"Status: {err.code.name}"
-                raise TimeoutError(f"learner did not publish policy version {version} within "
-                                   f"{self.cfg.run.step_timeout_s:.0f}s ({where})")
-            time.sleep(0.5)
-        self.wait_for_engine(version)
-        while True:
+            return False
+
+        if not poll_until(durable, self.cfg.run.step_timeout_s, every_s=0.5):
             try:
-                return self.learner_status()
+                st = self.learner_status()
+                where = f"at v{st.policy_version}, {st.groups_trained} groups trained, v{published[0]} published"
             except ServiceError as err:
-                if not err.retryable or time.monotonic() > deadline:
-                    raise
-                self.alive_check()
-                time.sleep(0.5)
+                where = f"Status: {err.code.name}"
+            raise TimeoutError(f"learner did not publish policy version {version} within "
+                               f"{self.cfg.run.step_timeout_s:.0f}s ({where})")
+        self.wait_for_engine(version)
+        # a busy learner may answer Status late: asked again (the liveness check between tries)
+        for attempt in Retrying(stop=stop_after_delay(self.cfg.run.step_timeout_s), wait=wait_fixed(0.5),
+                                retry=retry_if_exception(lambda e: isinstance(e, ServiceError) and e.retryable),
+                                before_sleep=lambda _: self.alive_check(), reraise=True):
+            with attempt:
+                return self.learner_status()
+        raise AssertionError("unreachable")
 
     def engine_usage(self) -> tuple[float, float]:
         """(busy, uptime) seconds of the rollout engine (its Status metrics)."""

@@ -28,6 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sinkflex.retry import poll_until
 from sinkflex.serving import make_channel, wait_for_serving
 
 log = logging.getLogger(__name__)
@@ -96,12 +97,11 @@ class ManagedProcess:
         """
         deadline = time.monotonic() + timeout
         kind, _, target = self.health.partition(":")
-        while True:
+
+        def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} before it was ready:\n{self.log_tail()}")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+            remaining = max(0.1, deadline - time.monotonic())
             try:
                 if kind == "grpc":
                     channel = make_channel(self.address)
@@ -109,15 +109,16 @@ class ManagedProcess:
                         wait_for_serving(channel, target, timeout=min(5.0, remaining))
                     finally:
                         channel.close()
-                    return
+                    return True
                 if kind == "http":
                     with urllib.request.urlopen(target, timeout=min(5.0, remaining)) as resp:  # noqa: S310 - loopback
-                        if 200 <= resp.status < 300:
-                            return
-                else:
-                    return
+                        return 200 <= resp.status < 300
+                return True
             except (TimeoutError, OSError):
-                time.sleep(0.5)
+                return False
+
+        if not poll_until(ready, timeout, every_s=0.5):
+            raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -374,12 +375,7 @@ class LocalLauncher:
         return None
 
     def _settled_problem(self, settle_s: float) -> Problem | None:
-        deadline = time.monotonic() + settle_s
-        while True:
-            problem = self._problem()
-            if problem is not None or time.monotonic() >= deadline:
-                return problem
-            time.sleep(0.2)
+        return poll_until(self._problem, settle_s, every_s=0.2)
 
     def _spec(self, name: str) -> ManagedProcess | None:
         return next((p for p in self.processes if p.name == name), None)

@@ -174,7 +174,7 @@ def test_rollout_retries_a_restarting_reward_service():
                 raise ServiceError(self.code, "connection refused")
             return ["ok"] * len(reqs)
 
-    me = types.SimpleNamespace(totals={}, SCORE_RETRY_DELAYS_S=(0.0, 0.0, 0.0))
+    me = types.SimpleNamespace(totals={}, SCORE_ATTEMPTS=4, SCORE_RETRY_WAIT_S=0.0)
     retrying = AgentLoop._score_batch_retrying
     client = Flaky(2)
     assert asyncio.run(retrying(me, client, [1, 2])) == ["ok", "ok"] and client.calls == 3

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Self, TypeVar
@@ -16,7 +15,8 @@ from typing import Self, TypeVar
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import (RetryError, Retrying, retry_if_exception, retry_if_result, stop_after_attempt, stop_after_delay,
+                      stop_never, wait_exponential, wait_random_exponential)
 
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.buffer.embedded import redacted, resolve_redis_url
@@ -362,17 +362,15 @@ class TrajectoryBuffer:
         keys = [self.stream, self.unconsumed_key, f"{self.stream}:put:{group.group_id}"]
         keys.append(self.counts_key)
         args = [PAYLOAD_TYPE, group.group_id, payload, self.max_pending_groups, self.maxlen, self.put_key_ttl_s]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        sleep = 0.005
-        while True:
-            ok, value = self._call(self._put_script, keys=keys, args=args)
-            if ok:
-                return _s(value)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"put of group {group.group_id!r} waited {timeout} s for room: {_s(value)}")
-            wait = sleep if deadline is None else min(sleep, max(deadline - time.monotonic(), 0.0))
-            time.sleep(wait * (0.5 + random.random()))
-            sleep = min(sleep * 2, 0.1)
+        # full: asked again after 5 ms, doubling to 100 ms, jittered, until `timeout`
+        try:
+            ok, value = Retrying(stop=stop_never if timeout is None else stop_after_delay(timeout),
+                                 wait=wait_random_exponential(multiplier=0.005, max=0.1),
+                                 retry=retry_if_result(lambda r: not r[0]))(self._call, self._put_script, keys=keys, args=args)
+        except RetryError as err:
+            _, value = err.last_attempt.result()
+            raise TimeoutError(f"put of group {group.group_id!r} waited {timeout} s for room: {_s(value)}") from None
+        return _s(value)
 
     # -- consumer --------------------------------------------------------------------
 
