@@ -245,6 +245,8 @@ def wait_for_moment(moment: str, run_dir: Path, proc: subprocess.Popen, timeout:
     versions = {p.name for p in (learner_dir / "policy").glob("v*")}
     address = _rollout_address(run_dir)
     last_status = 0.0
+    # temporaries left by an earlier fault (a writer killed mid-write) are not this moment
+    stale = set(_temporary(learner_dir / "checkpoints")) | set(_temporary(learner_dir / "policy"))
     while time.monotonic() < deadline and proc.poll() is None:
         if moment == "mid-rollout":
             if time.monotonic() - last_status >= 0.25:
@@ -262,11 +264,11 @@ def wait_for_moment(moment: str, run_dir: Path, proc: subprocess.Popen, timeout:
                     return f"learner step {step} done (train record written), newest checkpoint {latest or 'none'}: not acknowledged"
                 n_train = len(records)
         elif moment == "checkpoint":
-            tmp = _temporary(learner_dir / "checkpoints")
+            tmp = [n for n in _temporary(learner_dir / "checkpoints") if n not in stale]
             if tmp:
                 return f"checkpoint being written: learner/checkpoints/{tmp[0]} (newest complete: {_latest_checkpoint(run_dir)})"
         elif moment == "publishing":
-            tmp = _temporary(learner_dir / "policy")
+            tmp = [n for n in _temporary(learner_dir / "policy") if n not in stale]
             if tmp:
                 return f"policy version being written: learner/policy/{tmp[0]}"
             new = {p.name for p in (learner_dir / "policy").glob("v*")} - versions
@@ -282,8 +284,17 @@ def wait_for_moment(moment: str, run_dir: Path, proc: subprocess.Popen, timeout:
     return None
 
 
-def _recovery_of(run_dir: Path, pid: int, since: int) -> dict | None:
-    """The first recovery record after the first `since` of recoveries.jsonl whose restart names `pid`."""
+#: the process whose restart heals a fault of each process (a dead engine or rank restarts its service)
+RESTARTED = {"engine": "rollout", "learner_rank": "learner"}
+
+
+def _recovery_of(run_dir: Path, pid: int, since: int, process: str = "") -> dict | None:
+    """The first recovery record after the first `since` of recoveries.jsonl whose restart names `pid`,
+    or restarts the process that heals a fault of `process` (`RESTARTED`: a rollout service that
+    exited with its engine is named itself)."""
+    from sinkflex_rl.launcher import LABELS
+
+    label = LABELS.get(RESTARTED.get(process, process), process)
     path = run_dir / "recoveries.jsonl"
     if not path.exists():
         return None
@@ -293,7 +304,8 @@ def _recovery_of(run_dir: Path, pid: int, since: int) -> dict | None:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if any(f"pid {pid})" in note or f"pid {pid}," in note for note in r.get("restarted", [])):
+        if any(f"pid {pid})" in note or f"pid {pid}," in note or (process and f"({label} restart " in note)
+               for note in r.get("restarted", [])):
             return r
     return None
 
@@ -343,7 +355,7 @@ def run_campaign(name: str, faults: list[tuple[str, str, str]], root: Path, poli
             deadline = t_fault + recover_timeout
             rec = None
             while time.monotonic() < deadline and proc.poll() is None:
-                rec = _recovery_of(run_dir, pid, n_before)
+                rec = _recovery_of(run_dir, pid, n_before, process)
                 if rec is not None:
                     break
                 time.sleep(0.5)
@@ -414,11 +426,20 @@ def write_docs(rows: list[dict], command: str, md_path: Path, json_path: Path) -
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
     stamp = {"command": command, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "commit": _commit(), "load_avg_at_end": round(os.getloadavg()[0], 2)}
-    rows = [{**r, **stamp} for r in rows]
+    key = lambda r: (r["process"], r["action"], r["moment"])  # noqa: E731
+    new = {key(r): {**r, **stamp} for r in rows}
+    old = [r for r in data.get("faults_detail", []) if "moment" in r and key(r) not in new]  # measured earlier
+    order = [key(f) for c in CAMPAIGNS.values() for f in ({"process": p, "action": a, "moment": m} for p, a, m in c[0])]
+    rows = sorted([*old, *new.values()], key=lambda r: order.index(key(r)) if key(r) in order else len(order))
     data["faults"] = [{k: r.get(k) for k in ROW_KEYS} for r in rows]
     data["faults_detail"] = rows
     data["redis_persistence"] = PERSISTENCE
     json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    runs = {}
+    for r in rows:
+        runs.setdefault((r["command"], r["commit"], r["measured_at"]), []).append(r["campaign"])
+    commits = "; ".join(f"`{c}` at commit `{h}`, {t} (campaigns {', '.join(dict.fromkeys(n))})"
+                        for (c, h, t), n in runs.items())
     ok = sum(1 for r in rows if r["recovered_in_run"] and r["groups_lost"] == 0 and r["groups_trained_twice"] == 0)
     table = "\n".join(
         f"| {r['process']} | {r['action']} | {r['moment']} | {'yes' if r['recovered_in_run'] else 'NO'} | "
@@ -426,9 +447,7 @@ def write_docs(rows: list[dict], command: str, md_path: Path, json_path: Path) -
         f"{r['campaign']} | {str(r.get('evidence', '')).replace('|', '/')} |" for r in rows)
     section = f"""Faults
 
-Measured by `{command}` ([`benchmarks/faults.py`](../benchmarks/faults.py)) at commit
-`{stamp['commit']}`, {stamp['measured_at']} (load average {stamp['load_avg_at_end']} at the end,
-2-core machine); the same rows are in [reliability.json](reliability.json) under `faults`
+Measured by [`benchmarks/faults.py`](../benchmarks/faults.py) on a 2-core machine: {commits}; the same rows are in [reliability.json](reliability.json) under `faults`
 (`{{{", ".join(ROW_KEYS)}}}`), with each restart's line, the evidence of the moment and the
 buffer's and learner's figures under `faults_detail`. **{ok} of {len(rows)}** faults recovered
 in-run with 0 groups lost and 0 trained twice.
