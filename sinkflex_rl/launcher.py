@@ -200,6 +200,14 @@ def zombie_exit_description(pid: int) -> str:
     return f"zombie, exit {os.WEXITSTATUS(status)}"
 
 
+#: The readiness check of each service (`ManagedProcess.health`): its gRPC health service name.
+HEALTH = {
+    "env": "grpc:sinkflex.api.env.v1.EnvService",
+    "reward": "grpc:sinkflex.api.reward.v1.RewardService",
+    "rollout": "grpc:sinkflex.api.rollout.v1.RolloutService",
+    "learner": "grpc:sinkflex.api.learner.v1.LearnerService",
+}
+
 #: What each launched process is called in a message (its `ManagedProcess.name` otherwise).
 LABELS = {"env": "env service", "reward": "reward service", "rollout": "rollout service", "learner": "learner (torchrun)",
           "user_sim": "user simulator", "engine": "vLLM engine of the rollout service", "learner_rank": "learner rank",
@@ -686,7 +694,7 @@ def python_module(module: str, *args: str) -> list[str]:
 MAX_RECOVERIES = 64
 
 
-def run_recovering(controller, launcher: LocalLauncher, reconnect) -> int:
+def run_recovering(controller, launcher: LocalLauncher, reconnect, wait_for_peers=None) -> int:
     """`controller.run()`, taken up again after each in-run recovery, as Kubernetes restarts a pod:
     when it raises (a `ServiceRestarted` from its liveness checks, or a failed call) the
     controller's clients are closed (cancelling its in-flight calls), `launcher.recover` restarts
@@ -694,6 +702,11 @@ def run_recovering(controller, launcher: LocalLauncher, reconnect) -> int:
     runs again from the learner's policy version (`Controller.run` resumes: the engine is brought
     to the learner's version, a step whose rollouts were cut off is rolled out again and counted
     in `Controller.groups_retried`). Each recovery is a line of <run_dir>/recoveries.jsonl.
+
+    With services that run elsewhere (compose, a cluster: nothing launched here, their own
+    supervisor restarts them), a call that failed UNAVAILABLE or DEADLINE_EXCEEDED is a peer
+    restarting: `wait_for_peers()` (True once every service is SERVING again) is waited for and
+    the run taken up again the same way.
 
     Returns:
         the policy version `controller.run()` returned.
@@ -716,7 +729,12 @@ def run_recovering(controller, launcher: LocalLauncher, reconnect) -> int:
             controller.clients.close()  # cancels the abandoned producer's Rollout stream and polls
             notes = launcher.recover(settle_s=3.0)
             if not notes and not isinstance(err, ServiceRestarted):
-                raise
+                from sinkflex.errors import ServiceError
+
+                restarting = isinstance(err, ServiceError) and err.retryable and not launcher.processes
+                if not (restarting and wait_for_peers is not None and wait_for_peers()):
+                    raise
+                notes = [f"a service did not answer ({err.code.name}); every service SERVING again"]
             retried = controller.abandon_in_flight()
             record = {"time": time.time(), "error": f"{type(err).__name__}: {str(err).splitlines()[0][:500] if str(err) else ''}",
                       "restarted": notes, "groups_retried": retried}
@@ -726,3 +744,25 @@ def run_recovering(controller, launcher: LocalLauncher, reconnect) -> int:
                         "policy version", "; ".join(notes) or str(err).splitlines()[0], retried)
             controller.reconnect(reconnect())
     return controller.run()
+
+
+#: How long `peers_serving` waits for services that run elsewhere to be SERVING again (seconds).
+PEERS_TIMEOUT_S = 600.0
+
+
+def peers_serving(addresses, timeout_s: float = PEERS_TIMEOUT_S) -> bool:
+    """True once every service of `addresses` (a `sinkflex_rl.clients.Addresses`; "" skipped) answers
+    its gRPC health check SERVING, within `timeout_s` seconds in all; False otherwise."""
+    deadline = time.monotonic() + timeout_s
+    for name in ("env", "reward", "rollout", "learner"):
+        address = getattr(addresses, name, "")
+        if not address:
+            continue
+        channel = make_channel(address)
+        try:
+            wait_for_serving(channel, HEALTH[name].partition(":")[2], timeout=max(1.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return False
+        finally:
+            channel.close()
+    return True

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from sinkflex_rl.launcher import LocalLauncher, ManagedProcess, free_port, python_module
+from sinkflex_rl.launcher import HEALTH, LocalLauncher, ManagedProcess, free_port, python_module
 from sinkflex_rl.placement import Placement, place, visible_gpus
 from sinkflex.models import resolve_model
 from sinkflex_rl.config import LocalConfig, TrainConfig, demonstrations_path, service_configs
@@ -45,12 +45,6 @@ log = logging.getLogger(__name__)
 #: call from them, whatever the CLI's own environment allows (`models.hub` downloads in the CLI).
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
-HEALTH = {
-    "env": "grpc:sinkflex.api.env.v1.EnvService",
-    "reward": "grpc:sinkflex.api.reward.v1.RewardService",
-    "rollout": "grpc:sinkflex.api.rollout.v1.RolloutService",
-    "learner": "grpc:sinkflex.api.learner.v1.LearnerService",
-}
 
 
 def _write(run_dir: Path, name: str, config) -> Path:

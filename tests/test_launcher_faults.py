@@ -400,3 +400,39 @@ def test_embedded_redis_keeps_every_answered_write_across_a_sigkill(tmp_path):
     assert set(PERSISTENCE) == {"kill", "power_loss"}
     buf.close()
     after.close()
+
+
+def test_run_recovering_waits_for_services_that_run_elsewhere(tmp_path):
+    """Nothing launched here (compose, a cluster): a call that failed UNAVAILABLE is a peer restarting;
+    once every service is SERVING again the run is taken up again. A real env server on loopback."""
+    import grpc
+
+    from sinkflex.errors import ServiceError
+    from sinkflex_rl.clients import Addresses
+    from sinkflex_rl.launcher import peers_serving
+
+    class Unavailable(_FlakyController):
+        def run(self) -> int:
+            self.runs += 1
+            if self.runs == 1:
+                raise ServiceError(grpc.StatusCode.UNAVAILABLE, "connection refused")
+            return 4
+
+    from sinkflex_rl.launcher import free_port
+
+    port = free_port()
+    with LocalLauncher(tmp_path) as servers:
+        servers.start_all([ManagedProcess("env", [sys.executable, "-m", "env_service", "--domains", "mock", "--port", str(port),
+                                                  "--no-metrics"], health="grpc:sinkflex.api.env.v1.EnvService",
+                                          address=f"127.0.0.1:{port}")], ready_timeout=120)
+        addresses = Addresses(env=f"127.0.0.1:{port}", reward="", rollout="", learner="")
+        assert peers_serving(addresses, timeout_s=10)
+        launcher = LocalLauncher(tmp_path / "driver")  # launches nothing
+        controller = Unavailable(launcher)
+        assert run_recovering(controller, launcher, lambda: "fresh", wait_for_peers=lambda: peers_serving(addresses)) == 4
+        assert controller.reconnected == ["fresh"]
+        (record,) = [json.loads(x) for x in (tmp_path / "driver" / "recoveries.jsonl").read_text().splitlines()]
+        assert "UNAVAILABLE" in record["restarted"][0]
+        with pytest.raises(ServiceError):  # nobody comes back: the error stands
+            run_recovering(Unavailable(launcher), launcher, lambda: "fresh", wait_for_peers=lambda: False)
+    assert not peers_serving(addresses, timeout_s=1)
