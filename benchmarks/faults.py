@@ -410,9 +410,15 @@ def _alive(pid: int) -> bool:
 
 
 def _commit() -> str | None:
-    """The checkout's commit (None outside git)."""
+    """The checkout's commit (None outside git), with `+dirty` when tracked code differs from it."""
     out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-    return out.stdout.strip() or None
+    head = out.stdout.strip() or None
+    dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "*.py"], check=False).returncode
+    return f"{head}+dirty" if head and dirty else head
+
+
+#: the commit of the code that ran (taken when this module is imported, before any campaign)
+COMMIT_AT_START = _commit()
 
 
 ROW_KEYS = ("process", "action", "moment", "recovered_in_run", "groups_lost", "groups_trained_twice", "commit")
@@ -425,7 +431,7 @@ def write_docs(rows: list[dict], command: str, md_path: Path, json_path: Path) -
 
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
     stamp = {"command": command, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-             "commit": _commit(), "load_avg_at_end": round(os.getloadavg()[0], 2)}
+             "commit": COMMIT_AT_START, "load_avg_at_end": round(os.getloadavg()[0], 2)}
     key = lambda r: (r["process"], r["action"], r["moment"])  # noqa: E731
     new = {key(r): {**r, **stamp} for r in rows}
     old = [r for r in data.get("faults_detail", []) if "moment" in r and key(r) not in new]  # measured earlier

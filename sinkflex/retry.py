@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, stop_never, wait_exponential, wait_fixed
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_result,
+    stop_after_delay,
+    stop_never,
+    wait_exponential,
+    wait_fixed,
+)
 
 T = TypeVar("T")
 

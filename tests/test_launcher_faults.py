@@ -11,8 +11,14 @@ import time
 
 import pytest
 
-from sinkflex_rl.launcher import (LocalLauncher, ManagedProcess, ServiceDied, ServiceRestarted, restart_delay_s,
-                                  run_recovering)
+from sinkflex_rl.launcher import (
+    LocalLauncher,
+    ManagedProcess,
+    ServiceDied,
+    ServiceRestarted,
+    restart_delay_s,
+    run_recovering,
+)
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -371,7 +377,12 @@ def test_embedded_redis_keeps_every_answered_write_across_a_sigkill(tmp_path):
 
     from sinkflex.api.common.v1 import common_pb2
     from sinkflex.buffer import TrajectoryBuffer
-    from sinkflex.buffer.embedded import PERSISTENCE, embedded_redis_pid, embedded_redis_url, restart_embedded_redis
+    from sinkflex.buffer.embedded import (
+        PERSISTENCE,
+        embedded_redis_pid,
+        embedded_redis_url,
+        restart_embedded_redis,
+    )
 
     url = embedded_redis_url(path=str(tmp_path / "redis" / "buffer.db"))
     with redis.Redis.from_url(url) as r:
