@@ -183,8 +183,9 @@ def check_invariants(run_dir: Path, steps: int, group_size: int) -> dict:
     trained_by_steps = int(sum(r.get("groups", 0) - r.get("duplicate_groups", 0) for r in learner.values()))
     dropped_counted = int(max((r.get("dropped_stale_groups_total", 0) for r in learner.values()), default=0))
     published = len(_records(run_dir / "metrics.jsonl", "trajectory")) // group_size
-    acked_untrained = buf["stream_length"] - buf["trained"] - buf["unconsumed"] - buf["dead_letters"]
-    lost = buf["unconsumed"] + max(0, acked_untrained - dropped_counted) + max(0, published - buf["stream_length"])
+    added = buf.get("added") or buf["stream_length"]  # every group ever added (acknowledged history may be trimmed)
+    acked_untrained = added - buf["trained"] - buf["unconsumed"] - buf["dead_letters"]
+    lost = buf["unconsumed"] + max(0, acked_untrained - dropped_counted) + max(0, published - added)
     twice = max(0, trained_by_steps - buf["trained"])
     ckpts = sorted(int(p.name.split("_")[1]) for p in (run_dir / "learner" / "checkpoints").glob("step_*"))
     train_steps = sorted(int(r["step"]) for r in _records(run_dir / "metrics.jsonl", "train"))
