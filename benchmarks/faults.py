@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -182,6 +183,11 @@ def check_invariants(run_dir: Path, steps: int, group_size: int) -> dict:
         learner[int(r["step"])] = r  # a step re-done after a crash before its checkpoint: its last record
     trained_by_steps = int(sum(r.get("groups", 0) - r.get("duplicate_groups", 0) for r in learner.values()))
     dropped_counted = int(max((r.get("dropped_stale_groups_total", 0) for r in learner.values()), default=0))
+    # a drop is acknowledged at once and counted in the next checkpoint: a learner killed before that
+    # checkpoint forgets the count, not the drop, which its log names (every incarnation's, appended)
+    log_path = run_dir / "logs" / "learner.log"
+    logged = set(re.findall(r"dropping group (\S+) \(entry", log_path.read_text(errors="replace"))) if log_path.exists() else set()
+    dropped_counted = max(dropped_counted, len(logged))
     published = len(_records(run_dir / "metrics.jsonl", "trajectory")) // group_size
     added = buf.get("added") or buf["stream_length"]  # every group ever added (acknowledged history may be trimmed)
     acked_untrained = added - buf["trained"] - buf["unconsumed"] - buf["dead_letters"]
