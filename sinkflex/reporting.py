@@ -9,12 +9,12 @@ configured), learning-curve plots, summaries.
   `<run>/tb/`; the learner, with its run_dir `<run>/learner`, writes `<run>/learner/metrics.jsonl`
   + `<run>/learner/tb/` (its per-optimiser-step curves and the warm start's): both under the
   one run folder, so `tensorboard --logdir <run>` shows them as two runs, `tb` and `learner/tb`.
-- `mean_ci` and `pass_hat_k` are the validation statistics: mean@1 with a Student-t
-  confidence interval, and τ²-Bench's pass^k (Yao et al., τ-bench, eq. 1: the
+- `mean_ci`, `paired_ci` and `pass_hat_k` are the validation statistics: mean@1 with a Student-t
+  confidence interval, a paired difference with the paired t interval (scipy.stats), and τ²-Bench's pass^k (Yao et al., τ-bench, eq. 1: the
   probability that all k i.i.d. trials of a task succeed, estimated per task by
   C(c, k) / C(n, k) with τ²-Bench's own function and averaged over tasks).
-- `plot_learning_curves` writes PNGs (matplotlib, Agg backend); `summary_table` renders a
-  rich table for the terminal.
+- `plot_learning_curves` writes PNGs (matplotlib, Agg backend) against the RL step; `summary_table`
+  renders a rich table for the terminal.
 """
 
 from __future__ import annotations
@@ -100,23 +100,55 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean and a two-sided Student-t confidence interval, as (mean, low, high).
-
-    One value gives a zero-width interval; no values raise ValueError.
+    """Mean and its two-sided Student-t confidence interval, as (mean, low, high): the interval
+    of `scipy.stats.ttest_1samp`. One value, or values all equal, give a zero-width interval;
+    no values raise ValueError.
     """
     if len(values) == 0:
         raise ValueError("mean_ci of no values")
     from scipy import stats
 
-    n = len(values)
-    mean = float(sum(values) / n)
-    if n == 1:
+    mean = float(sum(values) / len(values))
+    if len(values) == 1 or min(values) == max(values):  # no spread: scipy would warn and return NaN or the mean
         return mean, mean, mean
-    sem = stats.sem(values)
-    if sem == 0 or not math.isfinite(sem):
+    ci = stats.ttest_1samp(values, 0.0).confidence_interval(confidence)
+    return mean, float(ci.low), float(ci.high)
+
+
+def paired_ci(after: Sequence[float], before: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean of the paired differences `after[i] − before[i]` and its two-sided confidence interval
+    from the paired Student-t test (`scipy.stats.ttest_rel`), as (mean, low, high). Differences all
+    equal give a zero-width interval.
+
+    Raises:
+        ValueError: no pairs, or sequences of different lengths.
+    """
+    if len(after) != len(before) or not after:
+        raise ValueError(f"paired_ci needs pairs: got {len(after)} and {len(before)} values")
+    from scipy import stats
+
+    diffs = [a - b for a, b in zip(after, before)]
+    mean = float(sum(diffs) / len(diffs))
+    if min(diffs) == max(diffs):
         return mean, mean, mean
-    half = float(sem * stats.t.ppf((1 + confidence) / 2, n - 1))
-    return mean, mean - half, mean + half
+    ci = stats.ttest_rel(after, before).confidence_interval(confidence)
+    return mean, float(ci.low), float(ci.high)
+
+
+def rate_ci(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float, float]:
+    """A success rate and its Wilson score interval (`scipy.stats.binomtest(...).proportion_ci`,
+    method "wilson"), as (rate, low, high), all in [0, 1]: the interval for 0/1 outcomes
+    (τ²-Bench's success: reward 1.0).
+
+    Raises:
+        ValueError: trials < 1 or successes outside 0..trials.
+    """
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"rate_ci: {successes} successes in {trials} trials")
+    from scipy import stats
+
+    ci = stats.binomtest(int(successes), int(trials)).proportion_ci(confidence, method="wilson")
+    return successes / trials, float(ci.low), float(ci.high)
 
 
 def pass_hat_k(successes_per_task: Mapping[str, Sequence[bool]], k: int) -> float:
@@ -132,7 +164,9 @@ def pass_hat_k(successes_per_task: Mapping[str, Sequence[bool]], k: int) -> floa
     Raises:
         ValueError: no tasks, k < 1, or a task has fewer than k trials (named).
     """
-    from tau2.metrics.agent_metrics import pass_hat_k as tau2_pass_hat_k  # imports no LLM client
+    from tau2.metrics.agent_metrics import (
+        pass_hat_k as tau2_pass_hat_k,  # imports no LLM client
+    )
 
     if not successes_per_task:
         raise ValueError("pass^k of no tasks")
@@ -150,13 +184,57 @@ def _series(records: Iterable[dict], kind: str, name: str) -> tuple[list[int], l
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot_learning_curves(records: list[dict], out_dir: str | Path) -> list[Path]:
-    """Writes the learning-curve PNGs of a run; returns their paths.
+def _version_offset(records: Sequence[dict]) -> int:
+    """policy version − RL step of the run's train records (1 after a warm start, else 0)."""
+    for r in records:
+        if r.get("kind") == "train" and r.get("policy_version") is not None:
+            return int(r["policy_version"]) - int(r["step"])
+    return 0
 
-    - `training_score.png`: mean trajectory reward of each training step's groups
-      (± one standard deviation), and the GRPO loss;
-    - `trajectory_reward.png`: every trajectory's reward against the step;
-    - `validation.png`: validation mean@1 with its confidence interval.
+
+def rl_step_of(validation: Mapping, offset: int) -> int:
+    """The RL step a validation record (or validation file) belongs to: its `rl_step`, else its
+    policy version − `offset` (−1: the base model before a warm start; 0: the policy RL starts from)."""
+    if validation.get("rl_step") is not None:
+        return int(validation["rl_step"])
+    return int(validation.get("policy_version", validation.get("step", 0))) - offset
+
+
+def reward_interval(rewards: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of trajectory rewards in [0, 1]: the Wilson interval of the success rate
+    (`rate_ci`) when every reward is 0 or 1, else the Student-t interval (`mean_ci`) clipped to [0, 1]."""
+    if all(r in (0.0, 1.0) for r in rewards):
+        return rate_ci(int(sum(rewards)), len(rewards), confidence)
+    m, lo, hi = mean_ci(rewards, confidence)
+    return m, max(0.0, lo), min(1.0, hi)
+
+
+def _trajectory_rewards(records: Iterable[dict]) -> dict[int, list[float]]:
+    """RL step -> the scored rewards of its trajectory records (NaN: unscored, left out)."""
+    by: dict[int, list[float]] = {}
+    for r in records:
+        if r.get("kind") == "trajectory" and isinstance(r.get("reward"), (int, float)) and math.isfinite(r["reward"]):
+            by.setdefault(int(r["step"]), []).append(float(r["reward"]))
+    return dict(sorted(by.items()))
+
+
+def _short(label: str, width: int = 48) -> str:
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def plot_learning_curves(records: list[dict], out_dir: str | Path, validations: Sequence[Mapping] = ()) -> list[Path]:
+    """Writes the learning-curve PNGs of a run; returns their paths. Every x-axis is the RL step
+    (validations at their `rl_step_of`: −1 the base model before a warm start, 0 the policy RL
+    starts from).
+
+    - `training_score.png`: each step's mean trajectory reward with its 95 % interval
+      (`reward_interval`: Wilson for 0/1 rewards, inside [0, 1]), and the GRPO loss;
+    - `trajectory_reward.png`: the share of each step's trajectories that succeeded (reward 1),
+      partly succeeded (0 < reward < 1), failed (0) or went unscored, stacked, with the count;
+    - `validation.png`: validation mean@1 with its 95 % interval, and pass^k for k = 1..trials;
+    - `validation_families.png`: mean@1 per task family (τ²-Bench's ``description.purpose``,
+      from `validations`, the run's validation files: `per_purpose`) with their intervals;
+    - `learner.png`: the policy's entropy and the KL to the reference per step (learner records).
     """
     import matplotlib
 
@@ -166,49 +244,96 @@ def plot_learning_curves(records: list[dict], out_dir: str | Path) -> list[Path]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    offset = _version_offset(records)
 
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        written.append(out_dir / name)
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+
+    by_step = _trajectory_rewards(records)
     fig, (ax_r, ax_l) = plt.subplots(1, 2, figsize=(11, 4))
-    steps, mean = _series(records, "train", "reward_mean")
-    _, std = _series(records, "train", "reward_std")
-    if steps:
-        ax_r.plot(steps, mean, marker="o", label="reward mean")
-        if len(std) == len(mean):
-            ax_r.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2, label="± std")
+    if by_step:
+        steps = list(by_step)
+        stats = [reward_interval(v) for v in by_step.values()]
+        ax_r.plot(steps, [x[0] for x in stats], marker="o", label="reward mean")
+        ax_r.fill_between(steps, [x[1] for x in stats], [x[2] for x in stats], alpha=0.2, label="95% interval")
+        ax_r.legend(loc="best")
+    else:  # a run without trajectory records: the train records' means
+        steps, mean = _series(records, "train", "reward_mean")
+        if steps:
+            ax_r.plot(steps, mean, marker="o", label="reward mean")
+            ax_r.legend(loc="best")
     ax_r.set(title="Training score", xlabel="RL step", ylabel="trajectory reward", ylim=(-0.05, 1.05))
-    ax_r.legend(loc="best")
     steps, loss = _series(records, "train", "loss")
     if steps:
         ax_l.plot(steps, loss, marker="o", color="tab:red")
-    ax_l.set(title="GRPO loss", xlabel="step", ylabel="loss")
-    fig.tight_layout()
-    written.append(out_dir / "training_score.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    ax_l.set(title="GRPO loss", xlabel="RL step", ylabel="loss")
+    save(fig, "training_score.png")
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    pts = [(r["step"], r["reward"]) for r in records if r.get("kind") == "trajectory"]
-    if pts:
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], alpha=0.5, s=14)
-    ax.set(title="Trajectory reward", xlabel="RL step", ylabel="reward", ylim=(-0.05, 1.05))
-    fig.tight_layout()
-    written.append(out_dir / "trajectory_reward.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    counts = {}
+    for r in records:
+        if r.get("kind") == "trajectory" and "reward" in r:
+            x, c = r["reward"], counts.setdefault(int(r["step"]), [0, 0, 0, 0])
+            c[3 if not math.isfinite(x) else 0 if x >= 1.0 else 2 if x <= 0.0 else 1] += 1
+    if counts:
+        steps = sorted(counts)
+        bottom = [0.0] * len(steps)
+        for i, (name, color) in enumerate([("success (1)", "tab:green"), ("partial", "tab:olive"),
+                                           ("failure (0)", "tab:red"), ("unscored", "tab:gray")]):
+            share = [counts[s][i] / sum(counts[s]) for s in steps]
+            if any(share):
+                ax.bar(steps, share, bottom=bottom, color=color, label=name, width=0.8)
+            bottom = [b + x for b, x in zip(bottom, share)]
+        for s in steps:
+            ax.text(s, 1.01, f"n={sum(counts[s])}", ha="center", va="bottom", fontsize=7)
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set(title="Trajectory outcomes per step", xlabel="RL step", ylabel="share of trajectories", ylim=(0, 1.1))
+    save(fig, "trajectory_reward.png")
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    steps, m = _series(records, "val", "mean_at_1")
-    _, lo = _series(records, "val", "ci_low")
-    _, hi = _series(records, "val", "ci_high")
-    if steps:
-        ax.plot(steps, m, marker="o", label="mean@1")
-        if len(lo) == len(m) == len(hi):
-            ax.fill_between(steps, lo, hi, alpha=0.2, label="95% CI")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    vals = sorted((r for r in records if r.get("kind") == "val" and "mean_at_1" in r), key=lambda r: rl_step_of(r, offset))
+    if vals:
+        xs = [rl_step_of(r, offset) for r in vals]
+        ax.plot(xs, [r["mean_at_1"] for r in vals], marker="o", label="mean@1")
+        if all("ci_low" in r and "ci_high" in r for r in vals):
+            ax.fill_between(xs, [r["ci_low"] for r in vals], [r["ci_high"] for r in vals], alpha=0.2, label="mean@1 95% CI")
+        for k in range(2, max(int(r.get("trials", 1)) for r in vals) + 1):
+            pts = [(x, r[f"pass_hat_{k}"]) for x, r in zip(xs, vals) if isinstance(r.get(f"pass_hat_{k}"), (int, float))]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="s", linestyle="--", label=f"pass^{k}")
         ax.legend(loc="best")
-    ax.set(title="Validation mean@1 (held-out)", xlabel="policy version", ylabel="τ²-Bench reward", ylim=(-0.05, 1.05))
-    fig.tight_layout()
-    written.append(out_dir / "validation.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
+    ax.set(title="Validation (held-out)", xlabel="RL step", ylabel="τ²-Bench reward", ylim=(-0.05, 1.05))
+    save(fig, "validation.png")
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    families: dict[str, list[tuple[int, dict]]] = {}
+    for v in validations:
+        for family, score in (v.get("per_purpose") or {}).items():
+            families.setdefault(family, []).append((rl_step_of(v, offset), score))
+    for family, pts in sorted(families.items()):
+        pts.sort(key=lambda p: p[0])
+        xs = [p[0] for p in pts]
+        line = ax.plot(xs, [p[1]["mean_at_1"] for p in pts], marker="o", label=_short(family or "(no purpose)"))[0]
+        if all("ci_low" in p[1] for p in pts):
+            ax.fill_between(xs, [p[1]["ci_low"] for p in pts], [p[1]["ci_high"] for p in pts], alpha=0.1,
+                            color=line.get_color())
+    if families:
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+    ax.set(title="Validation mean@1 per task family", xlabel="RL step", ylabel="τ²-Bench reward", ylim=(-0.05, 1.05))
+    save(fig, "validation_families.png")
+
+    fig, (ax_e, ax_k) = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, name, color in ((ax_e, "entropy", "tab:purple"), (ax_k, "kl", "tab:brown")):
+        steps, values = _series(records, "train", name)
+        pts = [(x, y) for x, y in zip(steps, values) if math.isfinite(y)]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color)
+    ax_e.set(title="Policy entropy (per token)", xlabel="RL step", ylabel="nats")
+    ax_k.set(title="KL to the reference policy", xlabel="RL step", ylabel="KL")
+    save(fig, "learner.png")
     return written
 
 

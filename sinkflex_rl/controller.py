@@ -75,7 +75,7 @@ from sinkflex.api.learner.v1 import learner_pb2
 from sinkflex.api.rollout.v1 import rollout_pb2
 from sinkflex.config import ConfigError
 from sinkflex.errors import ServiceError
-from sinkflex.reporting import MetricsWriter, mean_ci, pass_hat_k
+from sinkflex.reporting import MetricsWriter, mean_ci, paired_ci, pass_hat_k
 from sinkflex.retry import poll_until
 from sinkflex_rl.clients import Addresses, ServiceClients
 from sinkflex_rl.config import TrainConfig
@@ -136,6 +136,8 @@ class Controller:
         #: policy version RL starts from: 1 after a warm start (its published policy), else 0
         self.v0 = 1 if cfg.warm_start.enabled else 0
         self._eval_purpose: dict[str, str] = {}  # eval task id -> purpose (filled by eval_tasks)
+        #: the policy's name in τ²-Bench results files (agent_info.llm)
+        self.policy_name = cfg.models.policy
 
     def close(self) -> None:
         self.metrics.close()
@@ -322,10 +324,14 @@ class Controller:
     # -- the loop ------------------------------------------------------------------------
     def validate(self, label: str, version: int) -> dict[str, float]:
         """Validation of the policy the engine serves (`version`) on the eval split; `label` names it
-        ("base", "warm_start", "step N"). Writes a "val" record at step = `version` and
-        <run dir>/validation/<label>.json."""
+        ("base", "warm_start", "step N", "eval"). Writes a "val" record at step = `version` (with
+        `rl_step` = version − v0: −1 for the base model under a warm start, 0 for the policy RL
+        starts from), <run dir>/validation/<label>.json and, for a τ²-Bench domain, the
+        trajectories as τ²-Bench's results file <run dir>/validation/tau2/<label>.json
+        (`write_tau2_results`)."""
         v = self.cfg.validation
         tasks = self.eval_tasks()
+        started = time.time()
         groups = self.run_rollouts(tasks, v.trials, v.temperature, publish=False, desc=f"validation ({label}, v{version})")
         sampled = {turn.policy_version for g in groups for t in g.trajectories for turn in t.turns}
         if sampled and sampled != {version}:  # a request is pinned to one version: a later one was served
@@ -335,21 +341,40 @@ class Controller:
                 label, version = f"step {actual - self.v0}", actual
         per_task_rewards, unscored = scored_trials(groups)
         record = {**validation_scores(per_task_rewards, v.trials), "tasks": len(tasks), "trials": v.trials,
-                  "unscored": float(sum(unscored.values())), "policy_version": version}
+                  "unscored": float(sum(unscored.values())), "policy_version": version, "rl_step": version - self.v0}
         m, lo, hi = record["mean_at_1"], record["ci_low"], record["ci_high"]
         if unscored:
             log.warning("validation (%s): %d trial(s) unscored (their evaluation raised), left out of mean@1: %s",
                         label, sum(unscored.values()), dict(sorted(unscored.items())[:10]))
         with self._metrics_lock:
             self.metrics.write("val", version, record)
-        out = validation_dir(self.cfg.run.dir()) / f"{label.replace(' ', '_')}.json"
+        name = label.replace(" ", "_")
+        out = validation_dir(self.cfg.run.dir()) / f"{name}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
+        results = self.write_tau2_results(groups, tau2_results_dir(self.cfg.run.dir()) / f"{name}.json", started)
         out.write_text(json.dumps({"after": label, **record, "sampled_policy_versions": sorted(sampled),
                                    "per_purpose": per_purpose(per_task_rewards, self._eval_purpose),
-                                   "per_task": dict(per_task_rewards), "unscored_per_task": unscored}, indent=1))
+                                   "per_task": dict(per_task_rewards), "unscored_per_task": unscored,
+                                   "tau2_results": str(results) if results else None}, indent=1))
         log.info("validation (%s, v%d): mean@1 %.3f [%.3f, %.3f] on %d tasks x %d trials", label, version, m, lo, hi,
                  len(tasks), v.trials)
         return record
+
+    def write_tau2_results(self, groups, path: Path, started: float) -> Path | None:
+        """The groups of one validation as τ²-Bench's results file at `path`
+        (`tau2_adapter.results.write_results`: `tau2 view --file <path>` opens it). None, with a log
+        line, when task.env is not a τ²-Bench domain or its tasks are not τ²-Bench's."""
+        from sinkflex_rl.config import launch_inputs
+        from tau2_adapter.results import write_results
+
+        cfg = self.cfg
+        try:
+            return write_results(path, groups, cfg.task.env, task_files=launch_inputs(cfg)["task_files"],
+                                 agent_llm=self.policy_name, user_llm=None if cfg.task.solo_mode else cfg.models.user_simulator,
+                                 max_steps=cfg.rollout.max_turns, seed=cfg.run.seed, started=started)
+        except (KeyError, ValueError) as err:  # an env plugged in over gRPC: its tasks are not τ²-Bench's
+            log.info("no τ²-Bench results file for env %r (%s: %s)", cfg.task.env, type(err).__name__, err)
+            return None
 
     def warm_start(self, version: int) -> int:
         """Validates the base model and the warm-start policy (as far as not done yet); returns the version."""
@@ -524,6 +549,12 @@ def validation_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "validation"
 
 
+def tau2_results_dir(run_dir: str | Path) -> Path:
+    """Where each validation's trajectories are written as τ²-Bench results files
+    (`tau2 view --dir <this>`); a folder of its own, so that validation/*.json stays the summaries."""
+    return validation_dir(run_dir) / "tau2"
+
+
 def scored_trials(groups) -> tuple[dict[str, list[float]], dict[str, int]]:
     """(task id -> the rewards of its scored trials, task id -> its number of unscored trials).
 
@@ -564,13 +595,18 @@ def per_purpose(per_task_rewards: dict[str, list[float]], purpose: dict[str, str
         purpose: task id -> purpose; tasks not in it count under "".
 
     Returns:
-        {purpose: {"tasks": n, "mean_at_1": mean of the per-task means}}, purposes sorted.
+        {purpose: {"tasks": n, "mean_at_1": mean of the per-task means, "ci_low", "ci_high": its
+        95 % Student-t interval over tasks (`mean_ci`)}}, purposes sorted.
     """
     by: dict[str, list[float]] = defaultdict(list)
     for task_id, rewards in per_task_rewards.items():
         if rewards:
             by[purpose.get(task_id, "")].append(sum(rewards) / len(rewards))
-    return {p: {"tasks": len(m), "mean_at_1": sum(m) / len(m)} for p, m in sorted(by.items())}
+    out = {}
+    for p, means in sorted(by.items()):
+        m, lo, hi = mean_ci(means)
+        out[p] = {"tasks": len(means), "mean_at_1": m, "ci_low": lo, "ci_high": hi}
+    return out
 
 
 def stratified_order(ids: list[str], stratum: dict[str, str]) -> list[str]:
@@ -607,7 +643,8 @@ def read_validations(run_dir: str | Path) -> list[dict]:
 
 def paired_difference(after: dict, before: dict) -> dict[str, float]:
     """Mean of the per-task reward difference `after − before` over the tasks both validated,
-    with a Student-t 95 % interval (paired over tasks).
+    with the 95 % interval of the paired Student-t test over tasks (`sinkflex.reporting.paired_ci`,
+    scipy.stats.ttest_rel).
 
     Raises:
         ValueError: no task in common.
@@ -616,7 +653,6 @@ def paired_difference(after: dict, before: dict) -> dict[str, float]:
     if not common:
         raise ValueError(f"validations {after['after']!r} and {before['after']!r} share no task")
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    diffs = [mean(after["per_task"][t]) - mean(before["per_task"][t]) for t in common]
-    m, lo, hi = mean_ci(diffs)
+    m, lo, hi = paired_ci([mean(after["per_task"][t]) for t in common], [mean(before["per_task"][t]) for t in common])
     return {"after": after["after"], "before": before["after"], "difference": m, "ci_low": lo, "ci_high": hi,
             "tasks": len(common)}

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -175,7 +177,7 @@ class FakeRunner:
         self.rollout.update_weights(s.published_version, s.published_location)
 
 
-def _controller(tmp_path, env_core, catalog, task_set, steps: int, max_staleness: int = 0):
+def _controller(tmp_path, env_core, catalog, task_set, steps: int, max_staleness: int = 0, task_dir: str | None = None):
     from sinkflex_rl.clients import connect
     from sinkflex_rl.config import TrainConfig
     from sinkflex_rl.controller import Controller
@@ -187,7 +189,7 @@ def _controller(tmp_path, env_core, catalog, task_set, steps: int, max_staleness
     cfg = validate_config({
         "run": {"name": "inprocess", "output_dir": str(tmp_path / "run"), "steps": steps, "seed": 0, "step_timeout_s": 60},
         "task": {"env": "mock", "train_split": "train", "eval_split": "test", "tasks_per_step": 2, "order": "stratified",
-                 "solo_mode": True},
+                 "solo_mode": True, "task_files": [task_dir] if task_dir else []},
         "rollout": {"group_size": 2, "max_staleness": max_staleness},
         "validation": {"every_steps": steps, "num_tasks": 0, "trials": 2},
         "models": {"user_simulator": None},
@@ -238,12 +240,12 @@ def test_connect_picks_in_process_clients(env_core, catalog, task_set):
         connect(env=env_core, rollout=3, learner="127.0.0.1:1")
 
 
-def test_controller_loop_in_process(tmp_path, env_core, catalog, task_set):
+def test_controller_loop_in_process(tmp_path, env_core, catalog, task_set, task_dir):
     from sinkflex_rl.controller import Controller, paired_difference, read_validations
 
     t0 = time.monotonic()
     steps = 3
-    ctl, rollout, runner = _controller(tmp_path, env_core, catalog, task_set, steps)
+    ctl, rollout, runner = _controller(tmp_path, env_core, catalog, task_set, steps, task_dir=task_dir)
     try:
         assert ctl.published_version() == -1  # the learner's UNAVAILABLE (nothing published): retried, not raised
         assert ctl.run() == steps
@@ -288,7 +290,29 @@ def test_controller_loop_in_process(tmp_path, env_core, catalog, task_set):
     assert [(v["after"], v["sampled_policy_versions"]) for v in vals] == [("base", [0]), ("step 3", [3])]
     assert vals[0]["per_task"] == {t: [1.0, 0.0] for t in test_ids}
     assert vals[1]["per_task"] == {t: [1.0, 1.0] for t in test_ids}
-    assert vals[0]["per_purpose"] == {purpose[t]: {"tasks": 1, "mean_at_1": 0.5} for t in sorted(test_ids, key=purpose.get)}
+    assert vals[0]["per_purpose"] == {purpose[t]: {"tasks": 1, "mean_at_1": 0.5, "ci_low": 0.5, "ci_high": 0.5}
+                                      for t in sorted(test_ids, key=purpose.get)}
+    assert [r["rl_step"] for r in val] == [0, 3]
+    # each validation's trajectories as τ²-Bench's results file: its own loader and metrics read it
+    from tau2.data_model.simulation import Results
+    from tau2.metrics.agent_metrics import compute_metrics
+
+    for v in vals:
+        results = Results.load(Path(v["tau2_results"]))
+        assert Path(v["tau2_results"]).parent == run_dir / "validation" / "tau2"
+        assert sorted((x.task_id, x.trial) for x in results.simulations) == sorted((t, i) for t in test_ids for i in (0, 1))
+        assert {t.id for t in results.tasks} == set(test_ids) and results.info.environment_info.domain_name == "mock"
+        theirs = compute_metrics(results)
+        assert (theirs.avg_reward, theirs.pass_hat_ks) == (v["mean_at_1"], {1: v["pass_hat_1"], 2: v["pass_hat_2"]})
+        golden = next(x for x in results.simulations if x.reward_info.reward == 1.0)
+        assert golden.reward_info.reward_basis and golden.reward_info.db_check.db_match
+        assert any(m.role == "assistant" and m.tool_calls for m in golden.messages)
+    # `tau2 view` opens it: load, the metrics page, the list, the first simulation, no note, exit
+    view = subprocess.run([sys.executable, "-c", "from tau2.cli import main; main()", "view", "--file", vals[1]["tau2_results"]],
+                          input="1\n1\n2\n3\n1\n\n5\n", capture_output=True, text=True, timeout=120, check=False)
+    assert view.returncode == 0, view.stdout[-2000:] + view.stderr[-2000:]
+    assert "Loaded 8 simulations from step_3.json" in view.stdout and "Average Reward: 1.0000" in view.stdout
+    assert "Reward: ✅ 1.0000 (ACTION: 1.0, DB: 1.0)" in view.stdout
     diff = paired_difference(vals[1], vals[0])
     assert (diff["difference"], diff["ci_low"], diff["ci_high"], diff["tasks"]) == (0.5, 0.5, 0.5, 4)
     assert any((run_dir / "tb").iterdir())

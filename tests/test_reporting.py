@@ -5,7 +5,18 @@ import math
 
 import pytest
 
-from sinkflex.reporting import MetricsWriter, mean_ci, pass_hat_k, plot_learning_curves, read_metrics, summary_table
+from sinkflex.reporting import (
+    MetricsWriter,
+    mean_ci,
+    paired_ci,
+    pass_hat_k,
+    plot_learning_curves,
+    rate_ci,
+    read_metrics,
+    reward_interval,
+    rl_step_of,
+    summary_table,
+)
 
 
 def test_pass_hat_k_matches_tau_bench_definition():
@@ -71,6 +82,39 @@ def test_mean_ci():
         mean_ci([])
 
 
+def test_paired_ci_is_the_paired_t_interval():
+    after, before = [1.0, 0.5, 1.0, 0.0, 1.0], [0.0, 0.5, 0.5, 0.0, 0.0]
+    m, lo, hi = paired_ci(after, before)
+    diffs = [a - b for a, b in zip(after, before)]
+    assert m == pytest.approx(sum(diffs) / 5)
+    assert (lo, hi) == pytest.approx(mean_ci(diffs)[1:])  # the paired t interval is the one-sample interval of the differences
+    # t(0.975, 4) = 2.776445; sd of the differences 0.5 -> half width 2.776445 * 0.5 / sqrt(5)
+    assert hi - m == pytest.approx(2.776445 * 0.5 / 5 ** 0.5, rel=1e-5)
+    assert paired_ci([1.0, 0.5], [0.5, 0.0]) == (0.5, 0.5, 0.5)
+    with pytest.raises(ValueError, match="pairs"):
+        paired_ci([1.0], [1.0, 0.0])
+
+
+def test_rate_ci_is_wilson_and_stays_in_0_1():
+    rate, lo, hi = rate_ci(3, 10)
+    # Wilson: (p + z²/2n ± z·sqrt(p(1−p)/n + z²/4n²)) / (1 + z²/n), z = 1.959964
+    z, n, p = 1.959964, 10, 0.3
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    assert (rate, lo, hi) == pytest.approx((0.3, centre - half, centre + half), rel=1e-5)
+    assert rate_ci(0, 8)[1] == 0.0 and rate_ci(8, 8)[2] == 1.0
+    # 0/1 rewards: Wilson inside [0, 1], where mean ± std ran past both ends
+    assert reward_interval([0.0] * 15 + [1.0])[1] >= 0.0 and reward_interval([1.0] * 15 + [0.0])[2] <= 1.0
+    m, lo, hi = reward_interval([0.0, 0.5, 1.0, 0.0])  # not 0/1: the t interval, clipped
+    assert m == 0.375 and lo == 0.0 and hi <= 1.0
+
+
+def test_validations_sit_on_the_rl_step():
+    """Warm start: v0 is the base model (step −1), v1 the warm start (step 0), v(s + 1) step s."""
+    assert rl_step_of({"policy_version": 0, "rl_step": -1}, 1) == -1
+    assert rl_step_of({"policy_version": 5}, 1) == 4  # a record written before rl_step existed
+    assert rl_step_of({"step": 3}, 0) == 3
+
+
 def test_metrics_jsonl_plots_and_summary(tmp_path):
     w = MetricsWriter(tmp_path)
     for step in range(3):
@@ -82,8 +126,11 @@ def test_metrics_jsonl_plots_and_summary(tmp_path):
     assert [r["kind"] for r in records].count("train") == 3
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["reward_mean"] == 0.0
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
-    pngs = plot_learning_curves(records, tmp_path / "plots")
-    assert {p.name for p in pngs} == {"training_score.png", "trajectory_reward.png", "validation.png"}
+    validations = [{"after": "step 2", "policy_version": 2, "per_purpose": {
+        "Create a task.": {"tasks": 2, "mean_at_1": 0.5, "ci_low": 0.0, "ci_high": 1.0}}}]
+    pngs = plot_learning_curves(records, tmp_path / "plots", validations)
+    assert {p.name for p in pngs} == {"training_score.png", "trajectory_reward.png", "validation.png",
+                                      "validation_families.png", "learner.png"}
     for p in pngs:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     table = summary_table(records)

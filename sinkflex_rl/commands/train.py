@@ -171,7 +171,7 @@ def train(
             summary[f"last_vs_{ref}"] = paired_difference(last, by_label[ref])
     if "warm_start" in by_label and "base" in by_label:
         summary["warm_start_vs_base"] = paired_difference(by_label["warm_start"], by_label["base"])
-    plots = plot_learning_curves(records, run_dir / "plots")
+    plots = plot_learning_curves(records, run_dir / "plots", validations)
     console.print(summary_table(records, title=f"SinkFlex-RL — {cfg.run.name}"))
     if not cfg.services.external():
         import os
