@@ -102,7 +102,8 @@ def build_model(cfg: ModelConfig, device: torch.device) -> nn.Module:
             torch.manual_seed(cfg.seed)
             model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn, dtype=dtype)
     model.config.use_cache = False
-    model.to(device)
+    if any(t.device != device for t in (*model.parameters(), *model.buffers())):
+        model.to(device)  # (a no-op move is skipped: fake parameters cannot be swapped in place)
     model.train()
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

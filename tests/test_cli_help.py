@@ -33,7 +33,7 @@ ENTRY_POINTS = {
     **{f"sinkflex-rl {' '.join(c)}": ("sinkflex_rl.cli", list(c)) for c in [
         ("train",), ("tasks",), ("tasks", "generate"), ("tasks", "check"), ("env",), ("env", "serve"),
         ("env", "check"), ("env", "replay"), ("config",), ("config", "show"), ("config", "schema"),
-        ("models",), ("models", "prepare")]},
+        ("models",), ("models", "prepare"), ("memory",)]},
 }
 
 #: A literal each of these helps must show as written (so the check below is not vacuous).
@@ -131,7 +131,7 @@ def test_one_help_style_for_every_app():
     apps = [importlib.import_module(f"{m}.__main__").app
             for m in ("env_service", "reward_service", "rollout_service", "learner_service")]
     apps += [importlib.import_module("sinkflex_rl.cli").app]
-    apps += [importlib.import_module(f"sinkflex_rl.commands.{m}").app for m in ("config", "env", "models", "tasks", "train")]
+    apps += [importlib.import_module(f"sinkflex_rl.commands.{m}").app for m in ("config", "env", "memory", "models", "tasks", "train")]
     assert APP_SETTINGS["rich_markup_mode"] is None
     for app in apps:
         assert app.rich_markup_mode is None, app.info.help

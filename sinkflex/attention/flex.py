@@ -19,6 +19,10 @@ the rescale is done in float32, not in the value dtype.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+
 import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask, flex_attention
@@ -26,6 +30,27 @@ from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_bloc
 from sinkflex.attention.masks import MaskSpec
 
 _compiled: dict[str, object] = {}
+
+#: A stand-in for compiled ``flex_attention`` (same signature), set by `kernel_override`.
+_KERNEL: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("sinkflex_flex_kernel", default=None)
+
+
+@contextlib.contextmanager
+def kernel_override(kernel: Callable) -> Iterator[None]:
+    """Within the block, `flex_sink_attention` calls ``kernel`` in place of compiled
+    ``flex_attention`` on every device (gradients allowed on CPU too) and builds block masks
+    with uncompiled ``create_block_mask``.
+
+    For tracing the CUDA path with fake tensors on a machine without CUDA (the learner's
+    memory model, `learner_service.memory_model`): ``kernel`` is then ``flex_attention``
+    calling its higher-order op directly, whose fake implementation allocates what the
+    fused kernel returns (out, LSE) and nothing n×n.
+    """
+    token = _KERNEL.set(kernel)
+    try:
+        yield
+    finally:
+        _KERNEL.reset(token)
 
 
 def compiled_flex_attention():
@@ -51,7 +76,7 @@ def block_mask_for(mask: MaskSpec | None, batch: int, q_len: int, kv_len: int, d
     spec = mask if mask is not None else _NO_MASK
     key = ("block_mask", batch, q_len, kv_len, str(device))
     if key not in spec._cache:
-        build = compiled_create_block_mask() if device.type == "cuda" else create_block_mask
+        build = compiled_create_block_mask() if device.type == "cuda" and _KERNEL.get() is None else create_block_mask
         spec._cache[key] = build(spec.mask_mod, batch, None, q_len, kv_len, device=device)
     return spec._cache[key]
 
@@ -86,7 +111,8 @@ def flex_sink_attention(
     Raises:
         RuntimeError: on CPU with gradients required (flex has no CPU backward).
     """
-    on_cuda = q.device.type == "cuda"
+    kernel = _KERNEL.get()
+    on_cuda = q.device.type == "cuda" or kernel is not None
     if not on_cuda and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks)):
         raise RuntimeError(
             "the flex backend needs CUDA for training: PyTorch's flex_attention has no CPU backward; "
@@ -96,7 +122,7 @@ def flex_sink_attention(
         q, k, v = q.detach(), k.detach(), v.detach()
     batch, q_len, kv_len = q.shape[0], q.shape[2], k.shape[2]
     block_mask = mask if isinstance(mask, BlockMask) else block_mask_for(mask, batch, q_len, kv_len, q.device)
-    run = compiled_flex_attention() if on_cuda else flex_attention
+    run = kernel or (compiled_flex_attention() if on_cuda else flex_attention)
     out, aux = run(
         q,
         k,
