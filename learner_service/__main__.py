@@ -157,7 +157,9 @@ def run(args: Namespace) -> int:
 
         def export(metrics: dict, server=server, buffer=buffer) -> None:  # Prometheus gauges
             server.metrics.tokens("trained").add(int(metrics.get("positions_trained", 0)))
-            server.metrics.set_queue_lag(buffer.stream, cfg.buffer.consumer_group, buffer.stats().unconsumed)
+            stats = buffer.stats()  # logs a warning past memory_warn_fraction of Redis's maxmemory
+            server.metrics.set_queue_lag(buffer.stream, cfg.buffer.consumer_group, stats.unconsumed)
+            server.metrics.set_buffer(buffer.stream, stats.memory_fraction, stats.dead_letters)
 
         runner.on_step = export
         server.start()

@@ -1,48 +1,62 @@
 """Checkpoint and resume: weights, optimiser, scheduler, RNG, policy version, trained groups.
 
-Layout: ``<run_dir>/checkpoints/step_<N:08d>/`` with ``model.pt`` (full state dict),
-``optim.pt`` (full optimiser state), ``extra.json`` (scheduler, shuffle generator, the RNG
-states of every rank) and ``state.json`` (step, policy version, trained group ids — the
-record that makes training exactly-once), plus ``<run_dir>/checkpoints/latest`` naming
-the newest one.
+Layout: ``<run_dir>/checkpoints/step_<N:08d>/`` (a later checkpoint of the same step:
+``step_<N:08d>_r<k>``) with ``dcp/`` (model and optimiser state written with
+``torch.distributed.checkpoint``: each rank writes its own shard, ``__<rank>_0.distcp``, and
+rank 0 the ``.metadata``), ``extra.json`` (scheduler, shuffle generator, the RNG states of
+every rank) and ``state.json`` (step, policy version, trained group ids — the record that
+makes training exactly-once), plus ``<run_dir>/checkpoints/latest`` naming the newest one.
+No rank ever holds the full state dicts: what a rank writes is its FSDP shard, so the
+memory a checkpoint needs does not grow with the number of ranks (gpt-oss-20b and its AdamW
+state on 6 ranks). Loading reshards: a checkpoint written by W ranks loads on W' ranks.
+Published policy versions (learner_service/publish.py) are still full transformers folders
+loadable with ``from_pretrained``.
 
-Nothing is unpickled: ``model.pt`` and ``optim.pt`` load with ``weights_only=True`` (tensors
-and plain containers only), and the extra state is JSON (`extra_to_json`: tensors as dtype,
-shape and base64 bytes, tuples tagged), so a checkpoint another process wrote cannot run code
-in the learner. A checkpoint of an older version has ``extra.pt`` instead; it still loads,
-with ``weights_only=True`` (what it holds, RNG byte tensors, ints, floats, lists, tuples and
-dicts, passes); one that does not load that way is refused, naming the file.
+Nothing is unpickled that could run code: the shards load with ``weights_only=True``; DCP's
+``.metadata`` is read by a restricted unpickler that admits only DCP's own metadata classes,
+torch dtypes and sizes and plain containers (`_SafeReader`); the extra state is JSON
+(`extra_to_json`). A checkpoint of an older version (``model.pt``, ``optim.pt``: full state
+dicts, and maybe ``extra.pt``) still loads, with ``weights_only=True``; one that does not
+load that way is refused, naming the file.
 
-Durability: rank 0 writes everything into a temporary folder, fsyncs each file, renames
-the folder into place, fsyncs the parent, and only then rewrites ``latest`` (tmp +
-rename). A checkpoint is therefore either complete or absent; a SIGKILL at any moment
-leaves the previous one as ``latest``. The learner acknowledges groups in the buffer
-only after `save_checkpoint` has returned.
-
-Departure (scale): state dicts are gathered to rank 0 in full (torch.distributed
-.checkpoint.state_dict with full_state_dict + cpu_offload) and loaded back with
-broadcast_from_rank0. That is simple and exact for the models we train on CPU and one
-node; for gpt-oss-20b on many nodes, a sharded DCP save would avoid the rank-0 gather.
+Durability and crashes: every checkpoint goes to a new folder — the ranks write into
+``.tmp-<name>``, every file is fsynced, rank 0 renames the folder into place and fsyncs the
+parent, and only then switches ``latest`` (tmp + rename + fsync). An existing checkpoint
+folder is never modified or deleted before ``latest`` names a newer one, so a SIGKILL at any
+moment leaves ``latest`` naming a complete checkpoint. Resume reads ``latest``; should it
+name a folder that is missing or incomplete (a disk that lost it), it falls back to the
+newest complete checkpoint with a warning. A checkpoint asked for when nothing changed since
+the last one (same state: step, policy version, trained ids, counters) writes nothing and
+returns the last one. The learner acknowledges groups in the buffer only after
+`save_checkpoint` has returned.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 import os
+import pickle
 import random
+import re
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
+    get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 
 from learner_service.trainer import Learner, LearnerState
@@ -165,30 +179,112 @@ def full_model_state_dict(learner: Learner) -> dict[str, torch.Tensor]:
     return get_model_state_dict(learner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+#: The DCP folder inside a checkpoint.
+DCP_DIR = "dcp"
+_NAME = re.compile(r"^step_(\d{8})(?:_r(\d+))?$")
+
+
+def _order(path: Path) -> tuple[int, int]:
+    m = _NAME.match(path.name)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else (-1, -1)
+
+
+def _complete(path: Path) -> bool:
+    """A checkpoint folder with everything a resume reads."""
+    if not (path / "state.json").is_file():
+        return False
+    weights = (path / DCP_DIR / ".metadata").is_file() or (path / "model.pt").is_file()
+    return weights and ((path / EXTRA_JSON).is_file() or (path / EXTRA_PT).is_file())
+
+
+def _state_json(learner: Learner) -> str:
+    return json.dumps(learner.state.__dict__, indent=1)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` admitting only its own classes, torch dtypes/sizes, containers."""
+
+    _MODULES = ("torch.distributed.checkpoint.",)
+    _GLOBALS = {("torch", "Size"), ("torch", "dtype"), ("collections", "OrderedDict"), ("builtins", "set"),
+                ("builtins", "frozenset"), ("builtins", "slice"),
+                ("torch", "device"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                ("pathlib", "PurePosixPath")}
+
+    def find_class(self, module: str, name: str):
+        if module.startswith(self._MODULES) or (module, name) in self._GLOBALS or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}: refused (only DCP metadata, "
+                                     "torch dtypes and sizes are read from a checkpoint; nothing else is unpickled)")
+
+
+class _SafeReader(FileSystemReader):
+    """DCP's file reader with `_MetadataUnpickler` for ``.metadata`` (shards: weights_only)."""
+
+    def read_metadata(self, *args, **kwargs):
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as fh:
+            metadata = _MetadataUnpickler(io.BytesIO(fh.read())).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _sharded_state(learner: Learner) -> tuple[dict, dict]:
+    """(model, optimiser) state dicts as this rank holds them (FSDP shards, DTensors). Collective."""
+    return get_state_dict(learner.model, learner.optimizer)
+
+
 def save_checkpoint(learner: Learner) -> Path:
-    """Writes a complete checkpoint of `learner` (collective: every rank must call it).
+    """Writes a complete checkpoint of `learner` into a new folder (collective: every rank must call it).
+
+    Each rank writes its shard of the model and optimiser (`torch.distributed.checkpoint`);
+    rank 0 writes the extra state and state.json, renames the folder into place and then
+    switches ``latest``. Nothing new since the latest checkpoint (its state.json equals the
+    learner's state): nothing is written, and that checkpoint is returned.
 
     Returns:
         the checkpoint folder (on every rank).
     """
     root = checkpoint_root(learner.cfg.run_dir)
-    name = f"step_{learner.state.step:08d}"
-    final = root / name
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd = get_model_state_dict(learner.model, options=opts)
-    optim_sd = get_optimizer_state_dict(learner.model, learner.optimizer, options=opts)
+    state_text = _state_json(learner)
+    decision: list = [None]
+    if learner.rank == 0:
+        prev = latest_checkpoint(learner.cfg.run_dir, fallback=True)
+        if prev is not None and (prev / "state.json").read_text() == state_text:
+            decision = [str(prev)]
+        else:
+            name = f"step_{learner.state.step:08d}"
+            k = 0
+            while (root / name).exists():
+                k += 1
+                name = f"step_{learner.state.step:08d}_r{k}"
+            decision = [name]
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = root / f".tmp-{name}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+    if learner.world > 1:
+        dist.broadcast_object_list(decision, src=0)
+    if "/" in decision[0]:  # nothing new: the latest checkpoint holds this state
+        log.info("checkpoint: nothing new since %s", decision[0])
+        return Path(decision[0])
+    name = decision[0]
+    final, tmp = root / name, root / f".tmp-{name}"
+    model_sd, optim_sd = _sharded_state(learner)
+    with warnings.catch_warnings():  # one process: DCP warns that it assumes so
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({"model": model_sd, "optim": optim_sd}, no_dist=learner.world == 1,
+                 storage_writer=dcp.FileSystemWriter(tmp / DCP_DIR, sync_files=True))
     rngs = [_rng_state()]
     if learner.world > 1:
         gathered: list[dict | None] = [None] * learner.world
         dist.all_gather_object(gathered, rngs[0])
         rngs = gathered  # type: ignore[assignment]
     if learner.rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp-{name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        torch.save(model_sd, tmp / "model.pt")
-        torch.save(optim_sd, tmp / "optim.pt")
         extra = {
             "scheduler": learner.scheduler.state_dict(),
             "shuffle_gen": learner.shuffle_gen.get_state(),
@@ -196,12 +292,12 @@ def save_checkpoint(learner: Learner) -> Path:
             "world": learner.world,
         }
         (tmp / EXTRA_JSON).write_text(extra_to_json(extra))
-        (tmp / "state.json").write_text(json.dumps(learner.state.__dict__, indent=1))
-        for f in tmp.iterdir():
-            _fsync_file(f)
+        (tmp / "state.json").write_text(state_text)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                _fsync_file(f)
+        _fsync_dir(tmp / DCP_DIR)
         _fsync_dir(tmp)
-        if final.exists():
-            shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
         latest_tmp = root / f".{LATEST}.tmp"
@@ -209,52 +305,88 @@ def save_checkpoint(learner: Learner) -> Path:
         _fsync_file(latest_tmp)
         os.replace(latest_tmp, root / LATEST)
         _fsync_dir(root)
-        _prune(root, learner.cfg.keep_checkpoints)
+        _prune(root, learner.cfg.keep_checkpoints, final)
         log.info("checkpoint %s (policy version %d)", final, learner.state.policy_version)
     _barrier(learner)
     return final
 
 
-def _prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("step_*") if p.is_dir())
+def _prune(root: Path, keep: int, keep_path: Path | None = None) -> None:
+    """Deletes all but the newest `keep` checkpoints (never `keep_path`, the one `latest` names), and
+    leftovers of interrupted writes."""
+    done = sorted((p for p in root.glob("step_*") if p.is_dir() and _NAME.match(p.name)), key=_order)
     for p in done[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
+        if keep_path is None or p != keep_path:
+            shutil.rmtree(p, ignore_errors=True)
     for p in root.glob(".tmp-*"):
         shutil.rmtree(p, ignore_errors=True)
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The folder ``latest`` names, or None when there is no checkpoint."""
+def latest_checkpoint(run_dir: str | Path, fallback: bool = True) -> Path | None:
+    """The checkpoint to resume from: the folder ``latest`` names; None when there is none.
+
+    With `fallback` (default), a ``latest`` that names a missing or incomplete folder, or is
+    missing itself while checkpoint folders exist, gives the newest complete checkpoint
+    (logged as a warning).
+
+    Raises:
+        FileNotFoundError: ``latest`` names a missing or incomplete folder and `fallback` is
+            False, or no complete checkpoint is left to fall back to.
+    """
     root = checkpoint_root(run_dir)
     pointer = root / LATEST
-    if not pointer.is_file():
+    named = root / pointer.read_text().strip() if pointer.is_file() else None
+    if named is not None and _complete(named):
+        return named
+    candidates = sorted((p for p in root.glob("step_*") if p.is_dir() and _NAME.match(p.name) and _complete(p)),
+                        key=_order) if root.is_dir() else []
+    if named is None and not candidates:
         return None
-    path = root / pointer.read_text().strip()
-    if not (path / "state.json").is_file():
-        raise FileNotFoundError(f"{pointer} names {path}, which is incomplete or missing")
-    return path
+    if not fallback or not candidates:
+        raise FileNotFoundError(f"{pointer} names {named}, which is incomplete or missing"
+                                + ("; no complete checkpoint to fall back to" if fallback else ""))
+    log.warning("%s: %s; resuming from the newest complete checkpoint, %s", pointer,
+                f"names {named.name}, which is incomplete or missing" if named is not None else "missing",
+                candidates[-1].name)
+    return candidates[-1]
 
 
 def load_checkpoint(learner: Learner, path: str | Path | None = None) -> Path | None:
-    """Restores `learner` from `path` (default: the latest checkpoint). Collective.
+    """Restores `learner` from `path` (default: `latest_checkpoint`, with its fallback). Collective.
 
     Returns:
         the folder restored, or None when there is no checkpoint (fresh start).
 
     Raises:
-        FileNotFoundError: ``latest`` names a missing checkpoint.
+        FileNotFoundError: no complete checkpoint to resume from although ``latest`` exists.
+        ValueError: the DCP metadata refers to anything but DCP's own classes (refused, never
+            run) or the shards do not match the model (the message names the folder).
 
-    A checkpoint written by a different number of ranks loads (weights and optimiser are
-    full state dicts); ranks without a saved RNG state keep theirs, with a warning.
+    A checkpoint written by a different number of ranks loads (DCP reshards; an older
+    full-state-dict checkpoint is broadcast from rank 0); ranks without a saved RNG state keep
+    theirs, with a warning.
     """
     path = Path(path) if path is not None else latest_checkpoint(learner.cfg.run_dir)
     if path is None:
         return None
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=learner.world > 1)
-    model_sd = torch.load(path / "model.pt", map_location="cpu", weights_only=True) if learner.rank == 0 or learner.world == 1 else {}
-    set_model_state_dict(learner.model, model_sd, options=opts)
-    optim_sd = torch.load(path / "optim.pt", map_location="cpu", weights_only=True) if learner.rank == 0 or learner.world == 1 else {}
-    set_optimizer_state_dict(learner.model, learner.optimizer, optim_sd, options=opts)
+    if (path / DCP_DIR / ".metadata").is_file():
+        model_sd, optim_sd = _sharded_state(learner)
+        sd = {"model": model_sd, "optim": optim_sd}
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(sd, storage_reader=_SafeReader(path / DCP_DIR), no_dist=learner.world == 1)
+        except CheckpointException as err:
+            why = "; ".join(str(e).strip().splitlines()[-1] for e in err.failures.values()) or str(err)
+            raise ValueError(f"{path / DCP_DIR}: refused or unreadable: {why}") from None
+        set_state_dict(learner.model, learner.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    else:  # an older checkpoint: full state dicts on rank 0
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=learner.world > 1)
+        full = learner.rank == 0 or learner.world == 1
+        model_sd = torch.load(path / "model.pt", map_location="cpu", weights_only=True) if full else {}
+        set_model_state_dict(learner.model, model_sd, options=opts)
+        optim_sd = torch.load(path / "optim.pt", map_location="cpu", weights_only=True) if full else {}
+        set_optimizer_state_dict(learner.model, learner.optimizer, optim_sd, options=opts)
     extra = load_extra(path)
     learner.scheduler.load_state_dict(extra["scheduler"])
     learner.shuffle_gen.set_state(extra["shuffle_gen"])

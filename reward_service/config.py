@@ -68,6 +68,8 @@ class RewardServiceConfig(StrictModel):
         default=DEFAULT_MAX_MESSAGE_BYTES, gt=0, description="Limit on one gRPC message, both directions, bytes."
     )
     max_workers: int = Field(default=16, gt=0, description="gRPC handler threads.")
+    max_batch_items: int = Field(256, ge=1, description="Most items in one ScoreBatch request "
+                                 "(INVALID_ARGUMENT naming this cap above it).")
     grace_seconds: float = Field(default=10.0, ge=0, description="Graceful-shutdown grace period, seconds.")
     preload_envs: list[str] = Field(
         default_factory=lambda: ["retail"],

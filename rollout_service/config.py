@@ -119,6 +119,19 @@ class EnvRoute(StrictModel):
         return self
 
 
+class RolloutLimits(StrictModel):
+    """Server-side caps on one Rollout request (INVALID_ARGUMENT naming the cap when exceeded)."""
+
+    max_group_size: int = Field(64, ge=1)
+    """Largest RolloutRequest.group_size (rollouts per task)."""
+    max_tasks_per_call: int = Field(256, ge=1)
+    """Most task ids in one RolloutRequest."""
+    max_turns: int = Field(64, ge=1)
+    """Largest RolloutRequest.max_turns (0 in the request: agent.max_turns)."""
+    max_context_tokens: int = Field(131072, ge=64)
+    """Largest RolloutRequest.max_context_tokens (0 in the request: agent.max_context_tokens)."""
+
+
 class RolloutConfig(StrictModel):
     """The rollout service."""
 
@@ -140,6 +153,13 @@ class RolloutConfig(StrictModel):
         default_factory=TLSConfig,
         description="TLS / mutual TLS of the gRPC server, and of this service's clients (sinkflex.tls; default: plaintext).",
     )
+
+    limits: RolloutLimits = RolloutLimits()
+
+    policy_root: Optional[str] = None
+    """Folder the learner publishes policy versions into (<learner run_dir>/policy): UpdateWeights
+    loads only <policy_root>/v<N> for policy version N (a complete, published version). None:
+    any folder of safetensors (a warning at start); the launcher, compose and the chart set it."""
 
     def route(self, env: str) -> EnvRoute:
         """The settings of `env` (the defaults when it is not listed in `envs`)."""

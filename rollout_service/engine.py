@@ -94,6 +94,55 @@ def resolve_engine_dtype(dtype: str) -> str:
     return "bfloat16" if fast else "float32"
 
 
+def check_policy_location(policy_version: int, location: str, policy_root: str | Path | None) -> Path:
+    """The folder an UpdateWeights may load: `<policy_root>/v<policy_version>`, published.
+
+    The learner publishes version N as `<run_dir>/policy/v<N>` (written under a temporary name
+    and renamed into place, so the folder exists only once complete), so a version it never
+    published has no folder there, and no other folder on the host is loadable.
+
+    Args:
+        policy_version: the version asked for (> 0).
+        location: the folder the caller names.
+        policy_root: the configured root (`RolloutConfig.policy_root`); None: any folder of
+            safetensors (no root configured).
+
+    Returns:
+        the resolved folder.
+
+    Raises:
+        ServiceError PERMISSION_DENIED: `location` resolves (symlinks followed) outside
+            `policy_root`, or is not its `v<policy_version>` entry.
+        ServiceError INVALID_ARGUMENT: a version < 1; no such published version (the folder is
+            missing, or holds no config.json and *.safetensors).
+    """
+    import grpc
+
+    from sinkflex.errors import ServiceError, clip
+
+    if policy_version < 1:
+        raise invalid_argument(f"policy_version must be >= 1, got {policy_version}")
+    folder = Path(location)
+    if policy_root is not None:
+        root = Path(policy_root).resolve()
+        want = root / f"v{policy_version}"
+        try:
+            got = folder.resolve()
+        except (OSError, RuntimeError, ValueError) as err:
+            raise invalid_argument(f"weights location {clip(str(location))} cannot be resolved: {err}") from None
+        if got != want:
+            inside = got == root or root in got.parents
+            raise ServiceError(grpc.StatusCode.PERMISSION_DENIED, (
+                f"weights location {clip(str(location))} is not {str(want)!r}: UpdateWeights loads only the "
+                f"learner's published policy versions, <policy_root>/v<N> for version N"
+                + ("" if inside else f" (it lies outside the policy root {str(root)!r})")))
+        folder = want
+    if not folder.is_dir() or not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+        raise invalid_argument(f"policy version {policy_version} was not published: {clip(str(folder))} is not a folder "
+                               "with config.json and *.safetensors files")
+    return folder
+
+
 class Engine:
     """One vLLM AsyncLLM engine on a background event loop (a `rollout_service.generator.Generator`).
 

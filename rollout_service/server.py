@@ -6,6 +6,12 @@ in-flight episode ends at its next turn boundary (`RolloutWorker.begin_stop`) an
 streamed back as failed (INFRASTRUCTURE_ERROR, metric `stopped`, the reason in
 `reward_breakdown.info`), unscored and never published, within the grace period; groups
 already published to the buffer are never lost (the buffer holds them until the learner acks).
+
+Guards (docs/reliability.md "Security"): with TLS on, UpdateWeights is allowed to the learner
+and driver identities only, and a Rollout with publish=true to the driver only
+(`sinkflex.authz`); UpdateWeights loads only `<policy_root>/v<N>` for version N, strictly
+increasing (`engine.check_policy_location`); a Rollout request above `config.limits` (group
+size, tasks, turns, context) is INVALID_ARGUMENT naming the cap, before anything runs.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import logging
 
 import grpc
 
-from rollout_service.config import RolloutConfig
+from rollout_service.config import RolloutConfig, RolloutLimits
+from rollout_service.engine import check_policy_location
 from rollout_service.worker import RolloutWorker
+from sinkflex.authz import PUBLISH, Policy
 from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from sinkflex.errors import ServiceError, abort_on_error
 from sinkflex.serving import ServiceServer
@@ -26,10 +34,21 @@ SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_na
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    """RolloutService over a `RolloutWorker` (ServiceError -> gRPC status)."""
+    """RolloutService over a `RolloutWorker` (ServiceError -> gRPC status).
 
-    def __init__(self, worker: RolloutWorker | None = None):
+    Args:
+        worker: the worker (None: set later with `set_worker`, UNAVAILABLE until then).
+        limits: caps on one Rollout request.
+        policy_root: the only folder UpdateWeights loads from (None: any).
+        authz: who may publish (`sinkflex.authz.Policy`; default: nothing checked).
+    """
+
+    def __init__(self, worker: RolloutWorker | None = None, limits: RolloutLimits | None = None,
+                 policy_root: str | None = None, authz: Policy | None = None):
         self._worker = worker
+        self.limits = limits or RolloutLimits()
+        self.policy_root = policy_root
+        self.authz = authz or Policy()
 
     @property
     def worker(self) -> RolloutWorker:
@@ -45,8 +64,28 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if engine is not None and callable(getattr(engine, "dead", None)) and engine.dead():
             raise ServiceError(grpc.StatusCode.UNAVAILABLE, "the rollout service's vLLM engine process died: NOT_SERVING")
 
+    def _check_limits(self, request) -> None:
+        lim = self.limits
+        checks = (
+            (request.group_size, lim.max_group_size, "group_size", "max_group_size"),
+            (len(request.task_ids), lim.max_tasks_per_call, "the number of task_ids", "max_tasks_per_call"),
+            (request.max_turns, lim.max_turns, "max_turns", "max_turns"),
+            (request.max_context_tokens, lim.max_context_tokens, "max_context_tokens", "max_context_tokens"),
+        )
+        for value, cap, what, name in checks:
+            if value > cap:
+                raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"{what} {value} is above this server's cap {cap} (rollout_service.limits.{name})")
+        if request.max_turns < 0 or request.max_context_tokens < 0:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"max_turns ({request.max_turns}) and max_context_tokens ({request.max_context_tokens}) "
+                               "must be >= 0 (0: the server's default)")
+
     def Rollout(self, request, context):
         try:
+            self._check_limits(request)
+            if request.publish:
+                self.authz.check(context, PUBLISH)
             self._check_engine()
             for group in self.worker.rollout(request):
                 if not context.is_active():
@@ -58,7 +97,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     @abort_on_error
     def UpdateWeights(self, request, context):
-        seconds = self.worker.update_weights(request.policy_version, request.location)
+        worker = self.worker  # UNAVAILABLE while the engine loads
+        folder = check_policy_location(request.policy_version, request.location, self.policy_root)
+        seconds = worker.update_weights(request.policy_version, str(folder))
         return rollout_pb2.UpdateWeightsResponse(policy_version=self.worker.engine.policy_version, load_seconds=seconds)
 
     @abort_on_error
@@ -76,7 +117,10 @@ def build_server(config: RolloutConfig, port: int = 50053, host: str = "127.0.0.
     """
     server = ServiceServer(port=port, service_names=[SERVICE_NAME], host=host, metrics_port=metrics_port,
                            grace_seconds=grace_seconds, tls=config.tls)
-    servicer = RolloutServicer()
+    if config.policy_root is None:
+        log.warning("rollout_service.policy_root is not set: UpdateWeights loads any folder of safetensors on this "
+                    "host; set it to the learner's <run_dir>/policy")
+    servicer = RolloutServicer(limits=config.limits, policy_root=config.policy_root, authz=server.authz)
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server.server)
     server.start()
     worker = worker if worker is not None else RolloutWorker(config)

@@ -1,14 +1,20 @@
-"""`python scripts/tls_dev_certs.py DIR [--name NAME ...] [--days N]`: a throw-away CA and certificate for gRPC TLS.
+"""`python scripts/tls_dev_certs.py DIR [--name NAME ...] [--days N]`: a throw-away CA and one certificate per service.
 
-Writes DIR/ca.crt, DIR/ca.key, DIR/tls.crt and DIR/tls.key (PEM, EC P-256): one certificate,
-signed by the new CA, for every SinkFlex service, with serverAuth and clientAuth usages (it is
-each service's server certificate and its client certificate for mutual TLS) and SANs for the
-compose and chart service names (env, reward, rollout, learner, plus `--name`s), localhost and
-127.0.0.1. For development and tests only: a real deployment gets its certificates from its
-own CA (cert-manager in Kubernetes, docs/deploy.md "Security"). Needs the `cryptography` package.
+Writes DIR/ca.crt, DIR/ca.key and, for each SinkFlex identity (env, reward, rollout, learner,
+driver: `sinkflex.authz.IDENTITIES`), DIR/<identity>.crt and DIR/<identity>.key (PEM, EC
+P-256), signed by the new CA. Each certificate's common name is its identity (what the
+servers' allow-lists check, `sinkflex.authz`: only learner and driver may UpdateWeights and
+Checkpoint, only driver may Rollout with publish); it has serverAuth and clientAuth usages
+(the service's server certificate and its client certificate for mutual TLS) and SANs for
+the compose and chart names of that service (`<identity>`, `sinkflex-<identity>`, plus
+`--name`s), localhost and 127.0.0.1. Give each process its own pair (SINKFLEX_TLS_CERT_FILE /
+SINKFLEX_TLS_KEY_FILE, or --tls-cert / --tls-key) and every process the CA. For development
+and tests only: a real deployment gets its certificates from its own CA (cert-manager in
+Kubernetes, docs/deploy.md "Security"). Needs the `cryptography` package.
 
-    python scripts/tls_dev_certs.py tls          # then: docker compose -f docker-compose.yml -f docker-compose.tls.yml up
-    kubectl create secret generic sinkflex-tls --from-file=tls/ca.crt --from-file=tls/tls.crt --from-file=tls/tls.key
+    python scripts/tls_dev_certs.py tls          # tls/ca.crt, tls/learner.crt, tls/learner.key, ...
+    kubectl create secret generic sinkflex-tls-learner --from-file=tls/ca.crt \
+        --from-file=tls.crt=tls/learner.crt --from-file=tls.key=tls/learner.key     # one per service
 """
 
 from __future__ import annotations
@@ -19,10 +25,14 @@ import ipaddress
 import os
 from pathlib import Path
 
-NAMES = ["env", "reward", "rollout", "learner", "localhost"]
+#: The service identities; each gets <identity>.crt / <identity>.key (keep in step with sinkflex.authz.IDENTITIES).
+IDENTITIES = ["env", "reward", "rollout", "learner", "driver"]
+NAMES = ["localhost"]
 
 
-def write_certs(folder: Path, names: list[str], days: int = 365) -> None:
+def write_certs(folder: Path, names: list[str], days: int = 365, identities: list[str] | None = None) -> None:
+    """ca.crt/ca.key and <identity>.crt/<identity>.key for each identity (module docstring);
+    `names`: extra DNS names of every certificate."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -44,22 +54,24 @@ def write_certs(folder: Path, names: list[str], days: int = 365) -> None:
         path = folder / f"{stem}.key"
         path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
-        os.chmod(path, 0o644 if stem == "tls" else 0o600)  # the containers' uid 10001 reads tls.key
+        os.chmod(path, 0o600 if stem == "ca" else 0o644)  # the containers' uid 10001 reads its key
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (builder("SinkFlex dev CA", ca_key, name("SinkFlex dev CA"))
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans = [x509.DNSName(n) for n in dict.fromkeys(names)] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (builder("sinkflex", key, ca.subject)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .sign(ca_key, hashes.SHA256()))
     save("ca", ca, ca_key)
-    save("tls", cert, key)
+    for identity in identities or IDENTITIES:
+        key = ec.generate_private_key(ec.SECP256R1())
+        dns = [identity, f"sinkflex-{identity}", *names]
+        sans = [x509.DNSName(n) for n in dict.fromkeys(dns)] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        cert = (builder(identity, key, ca.subject)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                               critical=False)
+                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        save(identity, cert, key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=int, default=365)
     args = parser.parse_args(argv)
     write_certs(args.folder, [*NAMES, *args.name], args.days)
-    print(f"wrote {args.folder}/ca.crt, ca.key, tls.crt, tls.key")
+    print(f"wrote {args.folder}/ca.crt, ca.key and " + ", ".join(f"{i}.crt, {i}.key" for i in IDENTITIES))
     return 0
 
 

@@ -83,6 +83,17 @@ QUEUE_LAG = Gauge(
     "Entries of a Redis stream not yet acknowledged by a consumer group.",
     ("sinkflex_service", "stream", "group"),
 )
+BUFFER_MEMORY_FRACTION = Gauge(
+    "sinkflex_buffer_memory_fraction",
+    "Redis used memory / maxmemory of the trajectory buffer (0: no maxmemory set); with noeviction, "
+    "writes fail at 1.0: alert above 0.8.",
+    ("sinkflex_service", "stream"),
+)
+BUFFER_DEAD_LETTERS = Gauge(
+    "sinkflex_buffer_dead_letters",
+    "Entries in the trajectory buffer's dead-letter stream (groups the learner could not train).",
+    ("sinkflex_service", "stream"),
+)
 TOKENS_TOTAL = Counter(
     "sinkflex_tokens", "Tokens processed (generated, trained, ...).", ("sinkflex_service", "kind")
 )
@@ -289,6 +300,11 @@ class ServiceMetrics:
 
     def set_queue_lag(self, stream: str, group: str, n: int) -> None:
         QUEUE_LAG.labels(self.service, stream, group).set(n)
+
+    def set_buffer(self, stream: str, memory_fraction: float, dead_letters: int) -> None:
+        """The buffer's Redis memory use against maxmemory and its dead-letter count (`BufferStats`)."""
+        BUFFER_MEMORY_FRACTION.labels(self.service, stream).set(memory_fraction)
+        BUFFER_DEAD_LETTERS.labels(self.service, stream).set(dead_letters)
 
     def tokens(self, kind: str) -> TokenRate:
         """The `TokenRate` for `kind` ("generated", "trained", ...), made on first use."""

@@ -21,13 +21,15 @@ import signal
 import threading
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sinkflex.authz import AuthzInterceptor, Policy, policy_for
 from sinkflex.errors import ServiceError, bound_message
+from sinkflex.limits import LimitsInterceptor
 from sinkflex.metrics import MetricsServer, ServiceMetrics, start_metrics_server
 from sinkflex.retry import poll_until
 from sinkflex.tls import TLSConfig, client_tls, unavailable_hint
@@ -215,6 +217,13 @@ class ServiceServer:
     are INVALID_ARGUMENT, and counted so by the metrics). `tls` (`sinkflex.tls.TLSConfig`,
     None or inactive: plaintext as before) serves TLS, or mutual TLS with
     `require_client_auth`; its files are read by `start()` (`TLSError` naming a bad one).
+    Load shedding (`sinkflex.limits.LimitsInterceptor`, always installed, outermost after
+    metrics): at most `max_concurrent_rpcs` calls at once (default: `max_workers` − 4, so
+    health checks and refusals always find a thread; a call over it is RESOURCE_EXHAUSTED
+    naming the limit) and `method_max_bytes` per-method request limits (default
+    `sinkflex.limits.DEFAULT_METHOD_MAX_BYTES`). With `authz` (a `sinkflex.authz.Policy`;
+    default: `policy_for(tls)`, enforced when TLS is on) the protected methods are refused
+    to callers whose certificate does not name an allowed identity.
     """
 
     port: int
@@ -227,6 +236,9 @@ class ServiceServer:
     metrics_service: str | None = None
     interceptors: Sequence[grpc.ServerInterceptor] = ()
     tls: TLSConfig | None = None
+    max_concurrent_rpcs: int | None = 0
+    method_max_bytes: Mapping[str, int] | None = None
+    authz: Policy | None = None
 
     def __post_init__(self) -> None:
         self.service_names = list(self.service_names)
@@ -234,7 +246,12 @@ class ServiceServer:
             first = self.service_names[0].rpartition(".")[2] if self.service_names else "sinkflex"
             self.metrics_service = first.removesuffix("Service").lower() or first.lower()
         self.metrics = ServiceMetrics(self.metrics_service)
-        interceptors = [*self.interceptors, BadRequestInterceptor()]
+        if self.max_concurrent_rpcs == 0:
+            self.max_concurrent_rpcs = max(1, self.max_workers - 4)
+        if self.authz is None:
+            self.authz = policy_for(self.tls)
+        self.limits = LimitsInterceptor(self.max_concurrent_rpcs, self.method_max_bytes)
+        interceptors = [self.limits, AuthzInterceptor(self.authz), *self.interceptors, BadRequestInterceptor()]
         if self.metrics_port is not None:
             interceptors.insert(0, self.metrics.interceptor())
         self.server = grpc.server(

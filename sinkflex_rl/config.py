@@ -516,6 +516,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
             "envs": {t.env: {"reward": t.reward, "reward_address": t.reward_address, "text_ends_episode": t.text_ends_episode}},
             "redis_url": redis_url,
             "weight_updates": weight_updates(cfg.rollout.max_staleness),
+            "policy_root": str(run_dir / "learner" / "policy"),
         },
         cfg.section("rollout_service"),
     )

@@ -85,6 +85,10 @@ __all__ = ["Addresses", "Controller", "ServiceClients", "paired_difference", "pe
 
 log = logging.getLogger(__name__)
 
+#: How long the engine may serve a version the learner does not name yet (its UpdateWeights
+#: returns before the learner's PolicyVersion names the version) before the run stops.
+UNPUBLISHED_GRACE_S = 60.0
+
 #: Deadlines (seconds) of the controller's calls: Status / PolicyVersion polls, and an UpdateWeights
 #: after a resume (a Rollout stream gets run.step_timeout_s).
 POLL_TIMEOUT_S = 30.0
@@ -226,8 +230,15 @@ class Controller:
             self.rollout.update_weights(latest.policy_version, latest.location, timeout=UPDATE_WEIGHTS_TIMEOUT_S)
 
     def wait_for_engine(self, version: int) -> None:
-        """Blocks until the rollout engine serves policy `version` (the learner's UpdateWeights landed)."""
+        """Blocks until the rollout engine serves policy `version` (the learner's UpdateWeights landed),
+        or a later version the learner has published.
+
+        Raises:
+            RuntimeError: the engine serves a version the learner never published.
+            TimeoutError: not served within run.step_timeout_s.
+        """
         served = [-1]
+        unpublished_since: list[float] = []
 
         def serves() -> bool:
             self.alive_check()
@@ -237,7 +248,18 @@ class Controller:
                 if not err.retryable:
                     raise
                 served[0] = -1
-            return served[0] >= version
+            if served[0] <= version:
+                return served[0] == version
+            published = self.published_version()  # a later version is fine only if the learner published it
+            if served[0] <= published:
+                return True
+            # the learner names a version once its UpdateWeights has returned: a moment after the engine serves it
+            unpublished_since.append(time.monotonic())
+            if published >= 0 and unpublished_since[-1] - unpublished_since[0] > UNPUBLISHED_GRACE_S:
+                raise RuntimeError(f"the rollout engine serves policy version {served[0]}, which the learner never "
+                                   f"published (it is at v{published}): something else loaded weights into the "
+                                   "engine; refusing to train on them (docs/reliability.md, Security)")
+            return False
 
         if not poll_until(serves, self.cfg.run.step_timeout_s, every_s=0.5):
             raise TimeoutError(f"the rollout engine did not serve policy version {version} within "

@@ -191,14 +191,16 @@ def test_off_by_default(monkeypatch):
 
 
 def test_dev_certificate_serves_and_authenticates_every_side(tmp_path):
-    """scripts/tls_dev_certs.py: one certificate is each service's server and client certificate (mTLS)."""
+    """scripts/tls_dev_certs.py: each service's certificate is its server and its client certificate (mTLS),
+    its common name the service's identity."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("tls_dev_certs", Path(__file__).parents[1] / "scripts/tls_dev_certs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.write_certs(tmp_path, mod.NAMES)
-    both = TLSConfig(cert_file=str(tmp_path / "tls.crt"), key_file=str(tmp_path / "tls.key"),
+    assert sorted(p.name for p in tmp_path.glob("*.crt")) == ["ca.crt", *sorted(f"{i}.crt" for i in mod.IDENTITIES)]
+    both = TLSConfig(cert_file=str(tmp_path / "reward.crt"), key_file=str(tmp_path / "reward.key"),
                      ca_file=str(tmp_path / "ca.crt"), require_client_auth=True)
     server = _serve(both)
     try:

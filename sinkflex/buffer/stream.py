@@ -299,13 +299,18 @@ class TrajectoryBuffer:
         try:
             # id 0: the group delivers every entry, including those put before it existed.
             self._redis.xgroup_create(self.stream, self.consumer_group, id="0", mkstream=True)
+        except redis.exceptions.NoPermissionError:  # a read-only ACL user (`sinkflex.buffer.acl`): the group is made by others
+            pass
         except redis.ResponseError as err:
             if "BUSYGROUP" not in str(err):
                 raise
 
     def _migrate_trained(self) -> None:
         """An older buffer kept trained ids in a plain set: turn it into the scored set (ids by time)."""
-        if _s(self._redis.type(self.trained_key)) != "set":
+        try:
+            if _s(self._redis.type(self.trained_key)) != "set":
+                return
+        except redis.exceptions.NoPermissionError:
             return
         ids = [_s(m) for m in self._redis.smembers(self.trained_key)]
         now = time.time()

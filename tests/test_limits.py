@@ -1,0 +1,110 @@
+"""Load shedding and caps over real loopback gRPC: the concurrent-RPC cap and per-method request
+limits of every `ServiceServer` (`sinkflex.limits`), the rollout service's Rollout caps and the
+reward service's ScoreBatch cap, each answered with a status that names the limit."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from reward_service.config import RewardServiceConfig
+from reward_service.server import build_server as build_reward
+from rollout_service.config import RolloutLimits
+from rollout_service.server import SERVICE_NAME as ROLLOUT_S
+from rollout_service.server import RolloutServicer
+from sinkflex.api.reward.v1 import reward_pb2, reward_pb2_grpc
+from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from sinkflex.serving import ServiceServer, make_channel
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class _Slow(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self):
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+
+    def Status(self, request, context):
+        self.entered.release()
+        self.release.wait(30)
+        return rollout_pb2.StatusResponse(model="m")
+
+
+def test_concurrent_rpcs_above_the_cap_are_refused_naming_it_and_health_still_answers():
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    slow = _Slow()
+    server = ServiceServer(port=0, service_names=[ROLLOUT_S], max_concurrent_rpcs=2, grace_seconds=0.0)
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(slow, server.server)
+    server.start()
+    server.set_serving()
+    try:
+        with make_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+            futures = [stub.Status.future(rollout_pb2.StatusRequest(), timeout=30) for _ in range(2)]
+            for _ in range(2):
+                assert slow.entered.acquire(timeout=10)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Status(rollout_pb2.StatusRequest(), timeout=10)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "max_concurrent_rpcs 2" in err.value.details()
+            health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            slow.release.set()
+            assert all(f.result().model == "m" for f in futures)
+            assert stub.Status(rollout_pb2.StatusRequest(), timeout=10).model == "m"  # a slot is free again
+    finally:
+        slow.release.set()
+        server.stop()
+
+
+def test_rollout_caps_and_small_request_limits():
+    server = ServiceServer(port=0, service_names=[ROLLOUT_S], grace_seconds=0.0)
+    limits = RolloutLimits(max_group_size=8, max_tasks_per_call=3, max_turns=10, max_context_tokens=4096)
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(limits=limits), server.server)
+    server.start()
+    server.set_serving()
+    try:
+        with make_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+            base = dict(env="mock", task_ids=["t"], group_size=2)
+            for change, needle in [({"group_size": 9}, "max_group_size"), ({"task_ids": ["a", "b", "c", "d"]}, "max_tasks_per_call"),
+                                   ({"max_turns": 11}, "max_turns"), ({"max_context_tokens": 5000}, "max_context_tokens"),
+                                   ({"max_turns": -1}, "must be >= 0")]:
+                with pytest.raises(grpc.RpcError) as err:
+                    list(stub.Rollout(rollout_pb2.RolloutRequest(**{**base, **change}), timeout=10))
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in err.value.details()
+            # within the caps: on to the engine, which is still loading
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.Rollout(rollout_pb2.RolloutRequest(**base), timeout=10))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            with pytest.raises(grpc.RpcError) as err:  # UpdateWeights: a 64 KiB request limit
+                stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(policy_version=1, location="x" * 70_000), timeout=10)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "above this method's limit of 65536 bytes" in err.value.details()
+            with pytest.raises(grpc.RpcError) as err:  # under the limit: answered as before
+                stub.UpdateWeights(rollout_pb2.UpdateWeightsRequest(policy_version=1, location="/x"), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop()
+
+
+def test_score_batch_above_its_cap_is_refused_naming_it():
+    server, _ = build_reward(RewardServiceConfig(port=0, metrics_port=None, preload_envs=[], grace_seconds=0.0,
+                                                 max_batch_items=3))
+    server.start()
+    server.set_serving()
+    try:
+        with make_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = reward_pb2_grpc.RewardServiceStub(ch)
+            req = reward_pb2.ScoreBatchRequest(items=[reward_pb2.ScoreRequest(env="mock", task_id="x")] * 4)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ScoreBatch(req, timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_batch_items" in err.value.details()
+            ok = stub.ScoreBatch(reward_pb2.ScoreBatchRequest(items=[reward_pb2.ScoreRequest(env="mock", task_id="x")]),
+                                 timeout=60)
+            assert len(ok.items) == 1 and ok.items[0].error
+    finally:
+        server.stop()
