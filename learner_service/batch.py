@@ -511,6 +511,78 @@ def shard_for_rank(indices: list[int], rollouts: list[Rollout], rank: int, world
     return sorted(mine[rank], key=lambda i: -rollouts[i].num_positions)
 
 
+@dataclass(frozen=True)
+class LayoutCounts:
+    """How `plan_micro_batches` laid out this rank's rollouts (metrics)."""
+
+    shared_prefix_rows: int = 0  # shared-prefix rows built
+    shared_prefix_fallback_groups: int = 0  # chunks of ≥ 2 rollouts whose common prefix was too short to share
+    shared_prefix_positions: int = 0  # Σ prefix length of the shared rows (positions computed once)
+
+
+def plan_micro_batches(
+    rollouts: list[Rollout],
+    indices: list[int],
+    *,
+    rank: int,
+    world: int,
+    micro_batch_size: int,
+    shared_prefix: bool,
+    shared_prefix_across_groups: bool = False,
+    shared_prefix_min_tokens: int = 1,
+    pad_token_id: int = 0,
+    pack_tokens: int | None = None,
+) -> tuple[list[PickedBatch], LayoutCounts]:
+    """Rank `rank`'s micro-batches of the rollouts `indices` (one mini-batch), on CPU.
+
+    The mini-batch is shared out over the `world` ranks (`shard_for_rank`). With
+    `shared_prefix`, a rank's rollouts are chunked by group (all in one chunk sequence with
+    `shared_prefix_across_groups`) into chunks of at most `micro_batch_size`; a chunk whose
+    common prefix is ≥ `shared_prefix_min_tokens` becomes one shared-prefix row
+    (`pack_shared`), the others fall back to unshared rows. Unshared rollouts are sorted
+    longest first and packed `micro_batch_size` at a time (`pack`, padded or packed into rows
+    of `pack_tokens` positions) into `PickedBatch`es (`picks_from_batch`).
+
+    Every rank gets the same number of micro-batches, at least one (FSDP's collectives run
+    once per forward/backward on every rank): a rank with fewer is padded with dummy
+    batches whose loss mask is all zero (`pack` of no rollout).
+
+    Returns:
+        (the shared rows first, then the unshared micro-batches; this rank's layout counts).
+    """
+    shares = [shard_for_rank(indices, rollouts, r, world) for r in range(world)]
+    shared_rows_per_rank: list[int] = []
+    unshared_per_rank: list[list[int]] = []
+    mine: list[PickedBatch] = []
+    counts = LayoutCounts()
+    for r, share in enumerate(shares):
+        chunks: list[list[int]] = []
+        if shared_prefix:
+            by_group: dict[str, list[int]] = {}
+            for i in share:  # one "group" for all of them when the prefix is shared across groups
+                by_group.setdefault("" if shared_prefix_across_groups else rollouts[i].group_id, []).append(i)
+            chunks = [m[c : c + micro_batch_size] for m in by_group.values() for c in range(0, len(m), micro_batch_size)]
+        pays = [shared_prefix_pays(rollouts, c, shared_prefix_min_tokens) for c in chunks]
+        shared = [c for c, p in zip(chunks, pays) if p]
+        fallback = [c for c, p in zip(chunks, pays) if not p]
+        rest = [i for c in fallback for i in c] if shared_prefix else list(share)
+        shared_rows_per_rank.append(len(shared))
+        unshared_per_rank.append(sorted(rest, key=lambda i: -rollouts[i].num_positions))
+        if r == rank:
+            mine = [pack_shared(rollouts, c, shared_prefix_min_tokens) for c in shared]
+            counts = LayoutCounts(
+                shared_prefix_rows=len(mine),
+                shared_prefix_fallback_groups=sum(len(c) > 1 for c in fallback),
+                shared_prefix_positions=sum(pb.prefix_len for pb in mine),
+            )
+    # at least one micro-step per rank (FSDP collectives), no dummy after shared rows
+    steps = max(1, max(sh + (num_micro_steps(len(rest), micro_batch_size) if rest else 0)
+                       for sh, rest in zip(shared_rows_per_rank, unshared_per_rank)))
+    for mb in micro_batches(unshared_per_rank[rank], micro_batch_size, steps - len(mine)):
+        mine.append(picks_from_batch(pack(rollouts, mb, pad_token_id, pack_tokens), rollouts))
+    return mine, counts
+
+
 def micro_batches(indices: list[int], size: int, count: int) -> list[list[int]]:
     """Splits `indices` into exactly `count` micro-batches of at most `size` (empty ones at the end)."""
     out = [indices[s : s + size] for s in range(0, len(indices), size)]

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from learner_service.batch import PickedBatch
+
 #: Positions per chunk when converting logits to float32.
 DEFAULT_CHUNK = 1024
 
@@ -258,3 +260,31 @@ def picked_logprobs(
     logp_K, ent_N = _PickedLogProbs.apply(logits_NV, rows_K, targets_K, float(temperature), int(chunk), bool(entropy),
                                           int(top_k), float(top_p))
     return logp_K, (ent_N if entropy else None)
+
+
+def rollout_logprobs(
+    logits_NV: torch.Tensor,
+    pb: PickedBatch,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The log-probs of a `batch.PickedBatch`'s rollouts, from its flattened kept logits.
+
+    Args:
+        logits_NV: [B·J, V] the model's logits at the batch's kept columns (`pb.keep_J`), flattened.
+        pb: the batch: picks (`pick_row_K`, `pick_target_K`), `src_RT`, `mask_RT`.
+        temperature: the engine's sampling temperature (> 0); 1.0: the model's own distribution.
+        entropy: also return the entropy at each rollout position.
+        top_k, top_p: the engine's top-k / top-p (`picked_logprobs`; 0 and 1: none).
+
+    Returns:
+        (logp_RT [R, T] float32 (float64 for float64 logits), 0 off the loss mask, differentiable;
+        entropy_RT [R, T] of the row each position reads (no gradient), or None).
+    """
+    logp_K, ent_N = picked_logprobs(logits_NV, pb.pick_row_K, pb.pick_target_K, temperature, entropy=entropy,
+                                    top_k=top_k, top_p=top_p)
+    logp_RT = torch.where(pb.mask_RT, logp_K[pb.src_RT], torch.zeros((), dtype=logp_K.dtype, device=logp_K.device))
+    ent_RT = None if ent_N is None else ent_N[pb.pick_row_K[pb.src_RT]]
+    return logp_RT, ent_RT

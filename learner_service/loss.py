@@ -50,7 +50,7 @@ class LossTerms:
     field by field (in float64 when started from `zero`, so that the sum is that of the
     fields' values as Python floats, in the same order); `to_tensor` / `from_tensor` are
     the one packing of the fields, which the learner's all-reduce over ranks uses
-    (`trainer.StepTotals.all_reduce`).
+    (`metrics.StepTotals.all_reduce`).
     """
 
     pg_sum: torch.Tensor  # [] Σ −min(ρÂ, clip(ρ)Â)
@@ -75,7 +75,7 @@ class LossTerms:
         return NotImplemented
 
     def to_tensor(self) -> torch.Tensor:
-        """[5] float64 CPU tensor of the fields, in field order (`trainer.StepTotals.all_reduce` reduces it)."""
+        """[5] float64 CPU tensor of the fields, in field order (`metrics.StepTotals.all_reduce` reduces it)."""
         return torch.stack([getattr(self, f.name).detach().to(torch.float64) for f in fields(self)]).cpu()
 
     @classmethod
@@ -113,6 +113,7 @@ def grpo_loss(
     old_logp_BT: torch.Tensor,
     adv_B: torch.Tensor,
     mask_BT: torch.Tensor,
+    *,
     num_tokens: float | torch.Tensor,
     clip_eps_low: float = 0.2,
     clip_eps_high: float | None = None,

@@ -41,9 +41,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
+from google.protobuf.internal.decoder import _DecodeVarint
+from google.protobuf.internal.encoder import _VarintBytes
 from tqdm.auto import tqdm
 
-from learner_service.batch import Rollout, rollouts_from_group, shard_for_rank
+from learner_service.batch import Rollout, rollouts_from_group
+from learner_service.logprobs import rollout_logprobs
 from sinkflex.api.common.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -52,8 +55,6 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------ the file of demonstrations
 def write_demonstrations(path: str | Path, groups: Iterable[common_pb2.TrajectoryGroup]) -> int:
     """Writes `groups` as length-delimited protobufs (atomically: tmp file + rename). Returns the count."""
-    from google.protobuf.internal.encoder import _VarintBytes
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}")
@@ -75,8 +76,6 @@ def read_demonstrations(path: str | Path) -> list[common_pb2.TrajectoryGroup]:
         FileNotFoundError: no such file.
         ValueError: the file is truncated or not length-delimited TrajectoryGroups.
     """
-    from google.protobuf.internal.decoder import _DecodeVarint
-
     data = Path(path).read_bytes()
     out, pos = [], 0
     while pos < len(data):
@@ -175,7 +174,7 @@ def warm_start(learner, groups: Sequence[common_pb2.TrajectoryGroup]) -> dict[st
             lr = w.lr * min(1.0, (step + 1) / max(1, w.warmup_steps)) if w.warmup_steps else w.lr
             for group in opt.param_groups:
                 group["lr"] = lr
-            nll, tok, hit, gn = _sft_optimizer_step(learner, opt, rollouts, mb)
+            nll, tok, hit, gn = sft_step(learner, opt, rollouts, mb)
             step += 1
             ep_nll, ep_tok, ep_hit = ep_nll + nll, ep_tok + tok, ep_hit + hit
             rec = {"loss": nll / max(tok, 1.0), "token_accuracy": hit / max(tok, 1.0), "grad_norm": gn, "lr": lr,
@@ -199,42 +198,30 @@ def warm_start(learner, groups: Sequence[common_pb2.TrajectoryGroup]) -> dict[st
     return last
 
 
-def _sft_optimizer_step(learner, opt, rollouts: list[Rollout], mb: list[int]) -> tuple[float, float, float, float]:
-    """Forward/backward of this rank's share of `mb`, one AdamW step. Returns (Σ nll, tokens, argmax hits, grad norm).
+def sft_step(learner, opt, rollouts: list[Rollout], mb: list[int]) -> tuple[float, float, float, float]:
+    """Forward/backward of this rank's share of `mb`, one step of `opt`. Returns (Σ nll, tokens, argmax hits, grad norm).
 
-    The micro-batches are the learner's own (`Learner._micro_batches`): demonstrations that
+    The micro-batches are the learner's own (`Learner.micro_batches`): demonstrations that
     share a prompt prefix (every demonstration of a domain shares its tool block and policy)
-    become one shared-prefix row, so the common prompt is computed once per micro-batch.
+    become one shared-prefix row, so the common prompt is computed once per micro-batch. The
+    step is the learner's (`Learner.optimizer_step`: global norm clipped, non-finite skipped).
     """
-    from learner_service.logprobs import picked_logprobs
-
-    shares = [shard_for_rank(mb, rollouts, r, learner.world) for r in range(learner.world)]
-    n_local = torch.tensor([float(sum(int(rollouts[i].mask_T.sum()) for i in shares[learner.rank]))], dtype=torch.float64)
-    learner._all_reduce_(n_local)  # N over the global mini-batch
-    n_tokens = n_local.item()
+    n_tokens = learner.global_tokens(rollouts, mb)  # N over the global mini-batch
     if n_tokens == 0:
         return 0.0, 0.0, 0.0, 0.0
     sums = torch.zeros(3, dtype=torch.float64)  # Σ nll, tokens, hits
-    units, _ = learner._micro_batches(rollouts, mb)
-    for unit in units:
-        pb = learner._picked(rollouts, unit)
-        logits_NV = learner._logits(learner.model, pb, keep=pb.keep_J).flatten(0, 1)
-        logp_K, _ = picked_logprobs(logits_NV, pb.pick_row_K, pb.pick_target_K, 1.0)  # the model's own distribution
-        zero = torch.zeros((), dtype=logp_K.dtype, device=logp_K.device)
-        logp_RT = torch.where(pb.mask_RT, logp_K[pb.src_RT], zero)
+    batches, _ = learner.micro_batches(rollouts, mb)
+    for pb in batches:
+        pb = pb.to(learner.device)
+        logits_NV = learner.logits(learner.model, pb)
+        logp_RT, _ = rollout_logprobs(logits_NV, pb, 1.0)  # the model's own distribution
         loss, nll_sum = sft_loss(logp_RT, pb.mask_RT, n_tokens)
         loss.backward()
         with torch.no_grad():
             hit_K = logits_NV[pb.pick_row_K].argmax(-1) == pb.pick_target_K
             hits = (hit_K[pb.src_RT] & pb.mask_RT).sum()
         sums += torch.tensor([nll_sum.item(), float(pb.mask_RT.sum()), float(hits)], dtype=torch.float64)
-        del logits_NV, logp_K, logp_RT, loss
-    learner._all_reduce_(sums)
-    gn = learner._clip_grad()
-    if not math.isfinite(gn):
-        log.error("warm start: non-finite gradient norm %s, step skipped", gn)
-        opt.zero_grad(set_to_none=True)
-        return float(sums[0]), float(sums[1]), float(sums[2]), gn
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+        del logits_NV, logp_RT, loss
+    learner.all_reduce_(sums)
+    gn = learner.optimizer_step(opt)
     return float(sums[0]), float(sums[1]), float(sums[2]), gn

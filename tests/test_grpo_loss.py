@@ -82,9 +82,9 @@ def test_loss_and_gradient_hand_computed():
 
 def test_asymmetric_upper_clip():
     logp = torch.log(torch.tensor([[1.25]])).requires_grad_()
-    loss, terms = grpo_loss(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), 1, 0.2, 0.28)
+    loss, terms = grpo_loss(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), num_tokens=1, clip_eps_low=0.2, clip_eps_high=0.28)
     assert loss.item() == pytest.approx(-1.25) and terms.clipped_tokens.item() == 0  # 1.25 < 1.28
-    loss, terms = grpo_loss(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), 1, 0.2, None)
+    loss, terms = grpo_loss(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), num_tokens=1, clip_eps_low=0.2, clip_eps_high=None)
     assert loss.item() == pytest.approx(-1.2) and terms.clipped_tokens.item() == 1
 
 
@@ -92,7 +92,7 @@ def test_kl_k3_value_gradient_and_safety():
     # log π_θ = ln 0.5, log π_ref = ln 0.25 → r = 0.5, k3 = 0.5 − 1 − ln 0.5.
     logp = torch.log(torch.tensor([[0.5]])).requires_grad_()
     ref = torch.log(torch.tensor([[0.25]]))
-    loss, terms = grpo_loss(logp, logp.detach(), torch.tensor([0.0]), torch.ones(1, 1), 1, ref_logp_BT=ref, beta=0.1)
+    loss, terms = grpo_loss(logp, logp.detach(), torch.tensor([0.0]), torch.ones(1, 1), num_tokens=1, ref_logp_BT=ref, beta=0.1)
     k3 = 0.5 - 1 - math.log(0.5)
     assert terms.kl_sum.item() == pytest.approx(k3, rel=1e-6)
     assert loss.item() == pytest.approx(0.1 * k3, rel=1e-6)
@@ -100,15 +100,15 @@ def test_kl_k3_value_gradient_and_safety():
     assert logp.grad.item() == pytest.approx(0.1 * (1 - 0.5), rel=1e-6)  # β(1 − r)
     # Tiny differences: no cancellation to 0 (k3 ≈ x²/2).
     x = 1e-4
-    _, terms = grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), 1,
+    _, terms = grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), num_tokens=1,
                          ref_logp_BT=torch.full((1, 1), x), beta=1.0)
     assert terms.kl_sum.item() == pytest.approx(x * x / 2, rel=1e-3)
     # Extreme log-ratio and garbage under the mask: finite.
     loss, _ = grpo_loss(torch.tensor([[-200.0, float("nan")]]), torch.zeros(1, 2), torch.ones(1),
-                        torch.tensor([[1, 0]]), 1, ref_logp_BT=torch.tensor([[0.0, float("nan")]]), beta=1.0)
+                        torch.tensor([[1, 0]]), num_tokens=1, ref_logp_BT=torch.tensor([[0.0, float("nan")]]), beta=1.0)
     assert torch.isfinite(loss)
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(logp, logp, torch.zeros(1), torch.ones(1, 1), 1, beta=0.1)
+        grpo_loss(logp, logp, torch.zeros(1), torch.ones(1, 1), num_tokens=1, beta=0.1)
 
 
 def test_global_normaliser_identical_under_micro_batching():
@@ -118,9 +118,9 @@ def test_global_normaliser_identical_under_micro_batching():
     adv = torch.randn(6, dtype=torch.float64)
     mask = (torch.rand(6, 5) > 0.3).long()
     n = mask.sum()
-    full, _ = grpo_loss(logp, old, adv, mask, n)
+    full, _ = grpo_loss(logp, old, adv, mask, num_tokens=n)
     (g_full,) = torch.autograd.grad(full, logp)
-    parts = [grpo_loss(logp[s], old[s], adv[s], mask[s], n)[0] for s in (slice(0, 2), slice(2, 3), slice(3, 6))]
+    parts = [grpo_loss(logp[s], old[s], adv[s], mask[s], num_tokens=n)[0] for s in (slice(0, 2), slice(2, 3), slice(3, 6))]
     (g_parts,) = torch.autograd.grad(sum(parts), logp)
     torch.testing.assert_close(sum(parts), full)
     torch.testing.assert_close(g_parts, g_full)

@@ -98,7 +98,7 @@ def test_zero_variance_filtered_duplicates_skipped(tmp_path):
     assert m["duplicate_groups"] == 1 and m["groups"] == 1 and learner.state.policy_version == 1
     # NaN reward: excluded from the statistics, its rollout gets advantage 0.
     m = learner.train_step([make_group("nan", [0.0, float("nan"), 1.0], seed=9)])
-    assert m["reward_nan"] == 1 and m["reward_mean"] == 0.5 and m["adv_zero_fraction"] == pytest.approx(1 / 3)
+    assert m["unscored"] == 1 and m["reward_mean"] == 0.5 and m["adv_zero_fraction"] == pytest.approx(1 / 3)
 
 
 def test_invalid_group_is_refused(tmp_path):

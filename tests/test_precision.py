@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from learner_service.config import ModelConfig
+from learner_service.logprobs import rollout_logprobs
 from learner_service.model import resolve_precision
 from learner_service.trainer import Learner
 from rollout_service.engine import resolve_engine_dtype
@@ -46,10 +47,10 @@ def test_bf16_autocast_step_keeps_fp32_logprobs_and_reports_mismatch(monkeypatch
                                   batch=dict(micro_batch_size=8, shared_prefix_min_tokens=1)), metrics=False)
     assert auto.precision.autocast == torch.bfloat16
     assert next(auto.model.parameters()).dtype == torch.float32  # fp32 master weights
-    pb = auto._picked(rollouts, auto._micro_batches(rollouts, list(range(len(rollouts))))[0][0])
-    logits = auto._logits(auto.model, pb, keep=pb.keep_J)
+    pb = auto.micro_batches(rollouts, list(range(len(rollouts))))[0][0].to(auto.device)
+    logits = auto.logits(auto.model, pb)
     assert logits.dtype == torch.bfloat16
-    logp, _ = auto._forward_picks(auto.model, pb)
+    logp, _ = rollout_logprobs(logits, pb)
     assert logp.dtype == torch.float32
     groups[0].group_id = "a2"
     m16 = auto.train_step(groups)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from learner_service.batch import common_prefix_len, pack_shared, rollouts_from_group
+from learner_service.logprobs import rollout_logprobs
 from learner_service.loss import grpo_loss
 from learner_service.trainer import Learner
 from sinkflex.attention import generate_shared_prefix
@@ -162,12 +163,11 @@ def _loss_and_grads(arch, dtype, shared, groups, gc=False, weights=None):
     rollouts, _, _ = learner.prepare(groups)
     idx = list(range(len(rollouts)))
     n_tokens = float(sum(int(r.mask_T.sum()) for r in rollouts))
-    units, stats = learner._micro_batches(rollouts, idx)
+    batches, stats = learner.micro_batches(rollouts, idx)
     logp, total = {}, 0.0
-    for unit in units:
-        pb = learner._picked(rollouts, unit)
-        logp_RT, _ = learner._forward_picks(learner.model, pb)
-        loss, _ = grpo_loss(logp_RT, pb.old_logp_RT, pb.adv_RT, pb.mask_RT, n_tokens)
+    for pb in batches:
+        logp_RT, _ = rollout_logprobs(learner.logits(learner.model, pb), pb)
+        loss, _ = grpo_loss(logp_RT, pb.old_logp_RT, pb.adv_RT, pb.mask_RT, num_tokens=n_tokens)
         loss.backward()
         total += loss.item()
         for i, r, _ in pb.segments:
@@ -189,7 +189,7 @@ def test_shared_equals_unshared(arch, float64_norms):
     w = un32[4]
     ref64 = _loss_and_grads(arch, "float64", False, groups, weights=w)
     sh64 = _loss_and_grads(arch, "float64", True, groups, gc=True, weights=w)
-    assert sh64[3]["shared_prefix_rows"] == 2 and ref64[3]["shared_prefix_rows"] == 0
+    assert sh64[3].shared_prefix_rows == 2 and ref64[3].shared_prefix_rows == 0
     assert _max_diff(ref64, sh64) <= 1e-10
     # float32: the shared error against float64 is within twice the unshared float32 error
     sh32 = _loss_and_grads(arch, "float32", True, groups, weights=w)

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from learner_service import batch
-from learner_service.batch import Group, Rollout, rollouts_from_group
+from learner_service.batch import Group, LayoutCounts, Rollout, rollouts_from_group
 from learner_service.loop import LearnerRunner
 from learner_service.loss import LossTerms, grpo_loss
-from learner_service.trainer import Learner, StepTotals
+from learner_service.metrics import StepTotals
+from learner_service.trainer import Learner
 from tests.fixtures.learner import TINY_LLAMA, learner_config, make_group
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -125,11 +126,11 @@ def test_loss_terms_sum_in_float64_like_python_floats():
 
 def test_step_totals_all_reduce_packs_and_unpacks_by_name():
     logp = torch.randn(2, 4, dtype=torch.float64)
-    _, terms = grpo_loss(logp, logp - 0.1, torch.tensor([1.0, -1.0]), torch.ones(2, 4), 8.0)
+    _, terms = grpo_loss(logp, logp - 0.1, torch.tensor([1.0, -1.0]), torch.ones(2, 4), num_tokens=8.0)
     sums = StepTotals()
     sums.add_terms(terms, entropy=1.5, positions=8, positions_computed=6)
     sums.add_terms(terms, entropy=0.5, positions=8, positions_computed=6)
-    sums.add_layout({"shared_prefix_rows": 1.0, "shared_prefix_fallback_groups": 0.0, "shared_prefix_positions": 3.0})
+    sums.add_layout(LayoutCounts(shared_prefix_rows=1, shared_prefix_fallback_groups=0, shared_prefix_positions=3))
     before = sums.terms.item()
     calls: list[torch.Tensor] = []
 

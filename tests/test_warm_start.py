@@ -166,7 +166,7 @@ def test_warm_start_gradient_does_not_depend_on_micro_batching(demos, tmp_path, 
     max |Δ| ≤ 1e-8 of the largest entry) whether they are fed one per micro-batch (unshared rows) or all at once (one
     shared-prefix row: they share the tool block and the policy); the loss is normalised by
     the global token count. Then a whole warm start publishes the next policy version."""
-    from learner_service.sft import _sft_optimizer_step, demonstration_rollouts, warm_start
+    from learner_service.sft import demonstration_rollouts, sft_step, warm_start
     from learner_service.trainer import Learner
     from tests.fixtures.learner import TINY_LLAMA, learner_config
 
@@ -182,7 +182,7 @@ def test_warm_start_gradient_does_not_depend_on_micro_batching(demos, tmp_path, 
                              warm_start={"epochs": 1, "batch_size": 3, "lr": 1e-2})
         learner = Learner(cfg, metrics=False)
         cap = _CaptureGrads(learner.model)
-        nll, tokens, hits, gn = _sft_optimizer_step(learner, cap, rollouts, [0, 1, 2])
+        nll, tokens, hits, gn = sft_step(learner, cap, rollouts, [0, 1, 2])
         assert tokens == sum(int(r.mask_T.sum()) for r in rollouts) and nll > 0 and gn > 0
         grads.append(cap.grads)
         sums.append((nll, tokens, hits))
