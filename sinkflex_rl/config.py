@@ -107,6 +107,10 @@ class GenerateConfig(StrictModel):
 
     domain: Literal["mock"] = "mock"
     """The domain to generate for (the generator knows τ²-Bench's mock domain)."""
+    kind: Literal["solo", "dual"] = "solo"
+    """solo: tasks with a ticket, for solo mode (tau2_adapter.generate). dual: tasks whose facts
+    only the user holds, run with the user simulator (tau2_adapter.generate_dual; needs
+    task.solo_mode false)."""
     train: int = Field(200, ge=1, le=100_000)
     test: int = Field(64, ge=1, le=100_000)
     seed: int = 0
@@ -331,6 +335,8 @@ class TrainConfig(StrictModel):
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
         """The rules between job sections (defined before `_typed_sections`, so they run first)."""
+        if self.task.generate is not None and self.task.generate.kind == "dual" and self.task.solo_mode:
+            raise ValueError("task.generate.kind dual makes tasks that need the user simulator: set task.solo_mode false")
         if self.task.generate is not None and self.task.generate.domain != self.task.env:
             raise ValueError(f"task.generate.domain ({self.task.generate.domain}) must equal task.env ({self.task.env})")
         if self.services.external() and self.warm_start.enabled:

@@ -232,7 +232,7 @@ def prepare_task_files(cfg: TrainConfig) -> list[str]:
 
         out = cfg.run.dir() / "tasks"
         stamp = out / "generate.json"  # what generated them: a re-run with other settings must not reuse them
-        want = g.model_dump(mode="json")
+        want = g.model_dump(mode="json", exclude={"kind"} if g.kind == "solo" else None)  # solo runs' stamps as before
         if (out / "tasks.json").is_file():
             have = json.loads(stamp.read_text()) if stamp.is_file() else None
             if have != want:
@@ -240,8 +240,10 @@ def prepare_task_files(cfg: TrainConfig) -> list[str]:
                                   "delete the folder or choose another run.output_dir")
         else:
             from tau2_adapter.generate import generate_mock_tasks, write_task_dir
+            from tau2_adapter.generate_dual import generate_dual_tasks
 
-            write_task_dir(generate_mock_tasks(train=g.train, test=g.test, seed=g.seed), out)
+            generate = generate_dual_tasks if g.kind == "dual" else generate_mock_tasks
+            write_task_dir(generate(train=g.train, test=g.test, seed=g.seed), out)
             stamp.write_text(json.dumps(want, sort_keys=True) + "\n")
             log.info("generated %d train + %d test %s tasks into %s", g.train, g.test, g.domain, out)
         files.append(str(out))
@@ -264,6 +266,8 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
     from env_service.client import GrpcEnvClient
     from learner_service.sft import write_demonstrations
     from reward_service.client import GrpcRewardClient
+    from tau2_adapter.generate_dual import PREFIX as DUAL_PREFIX
+    from tau2_adapter.generate_dual import golden_agent_turns
     from tau2_adapter.tasks import domain_tasks, golden_actions
 
     t, w = cfg.task, cfg.warm_start
@@ -278,7 +282,8 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
     with GrpcEnvClient(addresses["env"]) as env, GrpcRewardClient(addresses["reward"]) as reward:
         demos = build_demonstrations(env, reward, tokenizer, t.env, {i: golden_actions(task_set.tasks[i]) for i in ids},
                                      solo_mode=t.solo_mode, max_turns=rs.max_turns, max_context_tokens=rs.max_context_tokens,
-                                     env_max_steps=0)
+                                     env_max_steps=0, dialogues={i: golden_agent_turns(task_set.tasks[i]) for i in ids
+                                                                 if i.startswith(DUAL_PREFIX)})
     if not demos.groups:
         raise RuntimeError(f"warm start: none of the {len(ids)} demonstrations reached reward 1.0 "
                            f"(first failures: {list(demos.dropped[:5])})")

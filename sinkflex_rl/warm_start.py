@@ -112,7 +112,7 @@ class Demonstrations:
 
 def build_demonstrations(env_client, reward_client, tokenizer, env: str, task_actions: dict[str, list[dict]],
                          solo_mode: bool, max_turns: int, max_context_tokens: int, tool_format: str = "hermes",
-                         env_max_steps: int = 0, concurrency: int = 16) -> Demonstrations:
+                         env_max_steps: int = 0, concurrency: int = 16, dialogues: dict | None = None) -> Demonstrations:
     """Plays each task's golden actions through the env service; keeps those scored 1.0.
 
     Args:
@@ -121,6 +121,10 @@ def build_demonstrations(env_client, reward_client, tokenizer, env: str, task_ac
         env: the environment (τ²-Bench domain) name.
         task_actions: task id -> its golden actions ({name, arguments, requestor}), in order.
         solo_mode, max_turns, max_context_tokens, env_max_steps: as for RL rollouts.
+        dialogues: task id -> scripted agent turns (`dialogue_turns`) played instead of the golden
+            actions: dual-control tasks, whose golden dialogue asks the user before acting
+            (`tau2_adapter.generate_dual.golden_agent_turns`); the user's turns come from the
+            env's user simulator and are in the demonstration, outside the loss mask.
 
     Raises:
         ValueError: a tool format other than "hermes".
@@ -131,7 +135,8 @@ def build_demonstrations(env_client, reward_client, tokenizer, env: str, task_ac
     async def one(task_id: str, actions: list[dict], sem: asyncio.Semaphore) -> common_pb2.TrajectoryGroup:
         async with sem:
             fmt = ChatTemplateFormatter(tokenizer)
-            turns = golden_turns(fmt, actions, solo_mode)
+            turns = (dialogue_turns(fmt, dialogues[task_id]) if dialogues and task_id in dialogues
+                     else golden_turns(fmt, actions, solo_mode))
             loop = AgentLoop(GoldenEngine(turns, fmt.eot_id), tokenizer, env_client, reward=reward_client,
                              tool_format="hermes", env_max_steps=env_max_steps)
             sampling = Sampling(temperature=1.0, max_new_tokens=max(len(t) for t in turns))

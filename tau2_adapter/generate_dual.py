@@ -290,6 +290,11 @@ def golden_dialogue(task) -> list[tuple[str, object]]:
     return out
 
 
+def golden_agent_turns(task) -> list[AgentTurn]:
+    """The agent's turns of `golden_dialogue(task)`, in order (the last one stops)."""
+    return [t for role, t in golden_dialogue(task) if role == "agent"]
+
+
 def golden_user_turns(task) -> list[str]:
     """The user's lines of `golden_dialogue(task)`, in order."""
     return [t for role, t in golden_dialogue(task) if role == "user"]
