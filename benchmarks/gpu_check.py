@@ -14,27 +14,26 @@ after each part, so a timeout still leaves the finished parts):
    must have compiled graphs, the profiler must show Triton kernels, and a 16,384-token
    forward+backward (64 heads) must stay far below the 64 GiB a dense fp32 score matrix
    would need.
-3. ``model`` — the paper's table: a gpt-oss-20b-shaped ``GptOssForCausalLM`` (hidden 2880,
-   64/8 heads, 32 experts top-4, vocab 201,088, alternating sliding/full layers) with
-   random weights and ``--layers`` layers (default 4), bf16, one full training step
-   (forward, backward, AdamW step) at 4096 and 8192 tokens: peak VRAM with
-   ``attn_implementation="eager"`` vs ``"sinkflex"``; out-of-memory is recorded as such.
-   Paper: 28.06 GB (eager) → 22.52 GB at 4096; eager OOM at 8192 (full 24-layer model).
-4. ``shared_prefix`` — a GRPO group as one row [prefix | suffix_1 | … | suffix_G]
-   (`generate_shared_prefix`, block mask from its mask_mod, built by compiled
-   ``create_block_mask``), gpt-oss geometry, bf16, sinks, sliding window 128 (shorter than
-   the prefix) and full causal: flex against the float64 reference on the same mask
-   (outputs and gradients within 2× transformers' eager bf16 error), the reference against
-   each rollout computed alone (exactly the same attention), and the block mask's sparsity
-   (the suffixes never visit each other's blocks).
-5. ``kernel`` (optional, ``--kernel-bench``) — one layer, eager vs flex with / without
+3. ``learner`` — the paper's table through the project's own learner: `learner_service.trainer.
+   Learner` (FSDP2 over NCCL, world size 1; bf16 weights, gradients and AdamW moments; activation
+   checkpointing; the chunked float32 log-probs and the GRPO loss) on gpt-oss-20b's exact layer
+   shapes (`learner_service.memory_model.GPT_OSS_20B`) with ``--learner-layers`` layers, random
+   weights, two learner steps of 2 rollouts × N tokens (one per micro-step, the memory model's
+   step) at 4,096 and 8,192 tokens, ``attn_implementation`` "sinkflex" (compiled flex) vs "eager":
+   measured peak (``torch.cuda.max_memory_allocated`` over both steps), the second step's
+   tokens/s, and the memory model's analytic count of the same configuration beside it (its
+   traced prediction for these rows: docs/gpu_memory.json, config "gpu_check"). Out-of-memory is
+   recorded as such. Paper: 28.06 GB (eager) → 22.52 GB at 4,096; eager OOM at 8,192.
+4. ``model`` (optional) — the same table on a bare transformers loop (no learner), ``--layers``.
+6. ``kernel`` (optional, ``--kernel-bench``) — one layer, eager vs flex with / without
    sinks vs SDPA: time and peak memory at 4096..32768 tokens.
 
-Needs: torch with CUDA and Triton (≥ 2.13), transformers (the version in pyproject), run
-from the repository root::
+Needs: torch ≥ 2.11 with CUDA and Triton (the GPU machine: torch 2.11, CUDA 13, Python 3.12,
+transformers 5.17), pydantic (carried as wheels: benchmarks/gpu_wheels.sh), run from the
+repository root::
 
-    PYTHONPATH=. python benchmarks/gpu_check.py                   # parts 1-3, ~5-8 min
-    PYTHONPATH=. python benchmarks/gpu_check.py --parts model --layers 2
+    PYTHONPATH=. python benchmarks/gpu_check.py                   # parts 1-3 and 5, ~5-8 min
+    PYTHONPATH=. python benchmarks/gpu_check.py --parts learner --learner-layers 4
 """
 
 from __future__ import annotations
@@ -314,7 +313,91 @@ def part_model(results: dict, layers: int, sizes: list[int], experts: str) -> No
                 check(row["status"] == "ok", f"model: sinkflex training step at {n} tokens runs")
 
 
-# ---- part 4 ------------------------------------------------------------------------------
+# ---- part 3: the learner ------------------------------------------------------------------
+
+
+def _learner_arch(layers: int) -> dict:
+    from learner_service.memory_model import GPT_OSS_20B
+
+    arch = dict(GPT_OSS_20B, num_hidden_layers=layers, layer_types=GPT_OSS_20B["layer_types"][:layers])
+    if DRY["on"]:  # toy widths, same structure
+        arch.update(hidden_size=64, intermediate_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                    num_local_experts=8, vocab_size=1000, sliding_window=16)
+    return arch
+
+
+def _learner_steps(arch: dict, n: int, attention: str, out_dir: Path) -> dict:
+    """Two learner steps (2 rollouts of n tokens each, one per micro-step) of a fresh Learner:
+    the peak over both, the second step's tokens/s."""
+    from learner_service.memory_model import learner_config, synthetic_group
+    from learner_service.trainer import Learner
+
+    cfg = learner_config(arch, n, attention).model_copy(update={"run_dir": str(out_dir / "learner")})
+    learner = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        learner = Learner(cfg, device=torch.device(DEVICE), metrics=False)
+        base = torch.cuda.max_memory_allocated()
+        t0 = time.perf_counter()
+        metrics = [learner.train_step([synthetic_group(f"gc-{attention}-{n}-{s}", 2, n, min(64, n // 4), arch["vocab_size"], s)])
+                   for s in range(2)]
+        torch.cuda.synchronize()
+        row = {
+            "status": "ok",
+            "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9,
+            "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1e9,
+            "after_build_gb": base / 1e9,
+            "tokens_per_s": metrics[-1]["tokens_per_s"],
+            "step_seconds": [m["step_seconds"] for m in metrics],
+            "optimizer_steps": sum(m["optimizer_steps"] for m in metrics),
+            "loss": metrics[-1]["loss"],
+            "two_steps_s": time.perf_counter() - t0,
+        }
+    except torch.OutOfMemoryError as exc:
+        row = {"status": "OOM", "error": str(exc).splitlines()[0][:200], "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9}
+    finally:
+        if learner is not None:
+            learner.optimizer.zero_grad(set_to_none=True)
+        del learner
+        gc.collect()
+        torch.cuda.empty_cache()
+    return row
+
+
+def part_learner(results: dict, layers: int, sizes: list[int], out_dir: Path) -> None:
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+
+    from learner_service.memory_model import analytic_peak, param_counts
+
+    if not dist.is_initialized():  # FSDP2 over NCCL (gloo in the CPU dry run), world size 1
+        dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    arch = _learner_arch(layers)
+    root, per_layer = param_counts(arch)
+    results["learner"] = {"layers": layers, "params_b": (root + sum(per_layer)) / 1e9, "gpus": 1, "runs": {}}
+    print(f"  learner: {layers} layers of gpt-oss-20b, {(root + sum(per_layer)) / 1e9:.2f} B parameters", flush=True)
+    graphs_before = int(counters["stats"]["unique_graphs"])
+    for n in sizes:
+        for attention in ("sinkflex", "eager"):
+            row = _learner_steps(arch, n, attention, out_dir)
+            a_peak, a_parts, a_phase = analytic_peak(arch, n, 1, attention)
+            row.update(analytic_peak_gb=a_peak / 1e9, analytic_phase=a_phase)
+            if row["status"] == "ok" and row["peak_allocated_gb"] > 0:  # (0 in the CPU dry run: no CUDA counters)
+                row["analytic_vs_measured"] = a_peak / (row["peak_allocated_gb"] * 1e9) - 1
+            results["learner"]["runs"][f"{attention}@{n}"] = row
+            print(f"  learner {attention:8s} {n:6d}: {row}", flush=True)
+            if attention == "sinkflex":
+                check(row["status"] == "ok", f"learner: sinkflex GRPO step at {n} tokens runs")
+                check(row["status"] != "ok" or row["optimizer_steps"] == 2, f"learner: sinkflex at {n} took 2 optimizer steps")
+    if not DRY["on"]:
+        graphs = int(counters["stats"]["unique_graphs"]) - graphs_before
+        results["learner"]["dynamo_graphs"] = graphs
+        check(graphs > 0, f"learner: the sink path compiled {graphs} graph(s) (compiled flex ran inside the learner)")
+
+
+# ---- part 6 ------------------------------------------------------------------------------
 
 
 def part_kernel(results: dict, sizes: list[int]) -> None:
@@ -376,9 +459,11 @@ def main() -> int:
     parser.add_argument(
         "--parts",
         nargs="*",
-        default=["correctness", "compiled", "shared_prefix", "model"],
-        choices=["correctness", "compiled", "shared_prefix", "model", "kernel"],
+        default=["correctness", "compiled", "shared_prefix", "learner"],
+        choices=["correctness", "compiled", "shared_prefix", "learner", "model", "kernel"],
     )
+    parser.add_argument("--learner-layers", type=int, default=8,
+                        help="gpt-oss-20b layers in the learner part (8: about 9 B parameters, ~75 GB of state on one GPU)")
     parser.add_argument("--kernel-bench", action="store_true", help="also run part 4 (kernel)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192])
@@ -390,8 +475,8 @@ def main() -> int:
     if args.dry_run_cpu:
         global DEVICE
         DEVICE, DRY["on"] = "cpu", True
-        args.parts = [p for p in args.parts if p in ("correctness", "shared_prefix", "model")]
-        args.layers, args.sizes = 2, [256]
+        args.parts = [p for p in args.parts if p in ("correctness", "shared_prefix", "learner", "model")]
+        args.layers, args.learner_layers, args.sizes = 2, 2, [256]
         for name in ("empty_cache", "reset_peak_memory_stats", "synchronize"):
             setattr(torch.cuda, name, lambda *a, **k: None)
         torch.cuda.max_memory_allocated = torch.cuda.max_memory_reserved = lambda *a, **k: 0
@@ -425,6 +510,8 @@ def main() -> int:
                 part_compiled(results)
             elif part == "shared_prefix":
                 part_shared_prefix(results)
+            elif part == "learner":
+                part_learner(results, args.learner_layers, args.sizes, args.out_dir)
             elif part == "model":
                 part_model(results, args.layers, args.sizes, args.experts)
             elif part == "kernel":

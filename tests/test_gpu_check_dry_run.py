@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.py stays runnable while no GPU is lent: its CPU dry run (the blockwise
 path in place of compiled flex, tiny sizes) goes through the correctness, shared-prefix and
-model parts and their checks, and writes the same JSON a GPU run writes."""
+learner parts and their checks (the learner's GRPO step over gloo, world size 1, both attentions), and writes the same JSON a GPU run writes."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def test_gpu_check_dry_run_passes_every_part(tmp_path):
     assert "all GPU checks passed" in proc.stdout
     record = json.loads((tmp_path / "gpu_check.json").read_text())
     assert record["device"] == "cpu (dry run)" and record["failures"] == []
-    assert set(record["seconds"]) == {"correctness", "shared_prefix", "model"}
+    assert set(record["seconds"]) == {"correctness", "shared_prefix", "learner"}
+    runs = record["learner"]["runs"]
+    assert set(runs) == {"sinkflex@256", "eager@256"} and all(r["status"] == "ok" and r["optimizer_steps"] == 2 for r in runs.values())
     for mask in ("sliding", "full"):
         shared = record["shared_prefix"][mask]
         # each suffix alone vs the packed shared row, float64: exact

@@ -2,7 +2,8 @@
 
 ``torch.nn.attention.flex_attention`` compiled by ``torch.compile`` into a fused Triton
 kernel, with a `BlockMask` from ``create_block_mask`` (compiled too, so the n×n mask is
-never materialised), returning the LSE (``return_aux=AuxRequest(lse=True)``). The sink
+never materialised), returning the LSE (``return_aux=AuxRequest(lse=True)``; ``return_lse=True``
+on releases before it). The sink
 is applied afterwards with the zero-value identity (paper; torchtitan gpt-oss)
 
     O_sink = O · σ(lse − sink),    computed in float32 whatever the input dtype,
@@ -25,11 +26,22 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask, flex_attention
+from torch.nn.attention import flex_attention as _flex_module
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from sinkflex.attention.masks import MaskSpec
 
 _compiled: dict[str, object] = {}
+
+#: ``return_aux=AuxRequest(lse=True)`` where torch has it (2.9+), else the older ``return_lse=True``.
+_LSE_REQUEST = (
+    {"return_aux": _flex_module.AuxRequest(lse=True)} if hasattr(_flex_module, "AuxRequest") else {"return_lse": True}
+)
+#: The kernel option that picks the Triton kernel, where torch knows a choice of backends
+#: (``FlexKernelOptions["BACKEND"]``); older releases have only the Triton kernel.
+_TRITON = (
+    {"BACKEND": "TRITON"} if "BACKEND" in getattr(getattr(_flex_module, "FlexKernelOptions", None), "__annotations__", {}) else None
+)
 
 #: A stand-in for compiled ``flex_attention`` (same signature), set by `kernel_override`.
 _KERNEL: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("sinkflex_flex_kernel", default=None)
@@ -130,12 +142,12 @@ def flex_sink_attention(
         block_mask=block_mask,
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
-        return_aux=AuxRequest(lse=True),
         # the Triton kernel differentiates through the LSE; the experimental FLASH backend does not
-        kernel_options={"BACKEND": "TRITON"} if on_cuda else None,
+        kernel_options=_TRITON if on_cuda else None,
+        **_LSE_REQUEST,
     )
     math_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    lse = aux.lse.to(math_dtype)  # [B, Hq, Nq], natural log
+    lse = (aux.lse if hasattr(aux, "lse") else aux).to(math_dtype)  # [B, Hq, Nq], natural log
     if sinks is None:
         return out, lse
     keep = torch.sigmoid(lse - sinks.to(math_dtype).view(1, -1, 1))  # σ(lse − sink); 0 where lse = −inf
