@@ -491,9 +491,12 @@ def generate_cases(seed: int = 15, n: int = 240) -> list[Case]:
         cases.append(Case("bad conversation", REWARD_S + "ScoreBatch", name,
                           lambda c, f=fn: reward_pb2.ScoreBatchRequest(items=[f(c.golden), _score_request(c.golden)]), OK,
                           check_ok=_batch_items_clear))
-    cases.append(Case("bad conversation", REWARD_S + "ScoreBatch", "1000 items of unknown tasks",
-                      lambda c: reward_pb2.ScoreBatchRequest(items=[_score_request(c.golden, task_id=f"nope-{i}") for i in range(1000)]),
+    cases.append(Case("bad conversation", REWARD_S + "ScoreBatch", "200 items of unknown tasks",
+                      lambda c: reward_pb2.ScoreBatchRequest(items=[_score_request(c.golden, task_id=f"nope-{i}") for i in range(200)]),
                       OK, check_ok=_batch_items_clear))
+    cases.append(Case("bad conversation", REWARD_S + "ScoreBatch", "1000 items (above max_batch_items 256)",
+                      lambda c: reward_pb2.ScoreBatchRequest(items=[_score_request(c.golden, task_id=f"nope-{i}") for i in range(1000)]),
+                      "INVALID_ARGUMENT"))
     cases.append(Case("bad conversation", REWARD_S + "ScoreBatch", "empty batch", lambda c: reward_pb2.ScoreBatchRequest(), OK))
     # -- the rollout service while its engine loads: every valid request UNAVAILABLE -----
     for method, req in ((ROLLOUT_S + "Rollout", rollout_pb2.RolloutRequest(env="\u0000" * 10_000)),
@@ -968,15 +971,54 @@ BEFORE = ("375 tried, 152 clear, 223 unclear, 0 crashes, 0 cross-session effects
           "in the env server's log and 50 in the reward server's")
 
 
+#: The sections of docs/reliability.md this generator writes, in their order.
+_GENERATED = ("Bad input", "Poison entries", "Authorisation")
+
+
+def _replace_sections(md_path: Path, sections: dict[str, str]) -> None:
+    """Writes each `## <title>` section of `sections` into `md_path` in place of the one there (a new one
+    goes after the last of them, or first), keeping every other section (faults, security, ...)."""
+    old = md_path.read_text() if md_path.exists() else "# Reliability\n"
+    marker = "\n## "
+    head, *parts = old.split(marker)
+    named = [(p.split("\n", 1)[0].strip(), p) for p in parts]
+    out, done = [], set()
+    for title, body in named:
+        if title in sections:
+            out.append(sections[title].strip("\n").removeprefix("## "))
+            done.add(title)
+        else:
+            out.append(body.rstrip("\n"))
+    pos = 0  # new sections go after the generated ones already there (bad input, poison, authorisation)
+    for i, (title, _) in enumerate(named):
+        if title in sections or title in _GENERATED:
+            pos = i + 1
+    for title, text in sections.items():
+        if title not in done:
+            out.insert(pos, text.strip("\n").removeprefix("## "))
+            pos += 1
+    md_path.write_text(head.rstrip("\n") + "".join("\n\n## " + p.rstrip("\n") + "\n" for p in out).replace("\n\n\n", "\n\n"))
+
+
 def write_report(result: dict, seed: int, md_path: Path, json_path: Path, command: str) -> None:
-    b = result["bad_inputs"]
+    b = dict(result["bad_inputs"])
+    loaded = result.get("loaded")
+    if loaded:  # the rollout service with its engine loaded and the learner service count in the same figures
+        b["tried"] += loaded["tried"]
+        b["clear_status"] += loaded["clear_status"]
+        b["unclear"] += loaded["unclear"]
+        b["crashes"] += loaded["crashes"]
+        b["state_changed"] = loaded["state_changed"]
+    b["commit"] = result.get("commit", "")
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
     data["bad_inputs"] = b
     data["bad_inputs_detail"] = {k: result[k] for k in ("families", "methods", "unclear_cases", "cross_session",
                                                        "server_log_tracebacks", "rss_mb", "seconds")}
     data["bad_inputs_detail"]["seed"] = seed
     data["bad_inputs_detail"]["command"] = command
-    json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    if loaded:
+        data["bad_inputs_detail"]["loaded_services"] = loaded
+    json_path.write_text(json.dumps(data, indent=2, sort_keys=True, default=sorted) + "\n")
 
     rows = "\n".join(
         f"| {name} | {', '.join(f['methods'])} | {f['tried']} | {f['clear_status']} | "
@@ -986,11 +1028,37 @@ def write_report(result: dict, seed: int, md_path: Path, json_path: Path, comman
                         for u in result["unclear_cases"]) or "none"
     cross = "\n".join(f"- {c}" for c in result["cross_session"]) or "none"
     rss, tb = result["rss_mb"], result["server_log_tracebacks"]
-    md = f"""# Reliability
+    loaded_md = ""
+    if loaded:
+        lrows = "\n".join(
+            f"| {name} | {', '.join(f['methods'])} | {f['tried']} | {f['clear_status']} | "
+            f"{', '.join(f'{k} {v}' for k, v in sorted(f['codes'].items()))} |"
+            for name, f in sorted(loaded["families"].items()))
+        lunclear = "\n".join(f"- `{u['service']}.{u['rpc']}` {u['family']}: {u['status']} — {'; '.join(u['problems'])}"
+                             for u in loaded["unclear_cases"]) or "none"
+        loaded_md = f"""
+### The rollout service with its engine loaded, and the learner service
 
-## Bad input
+In the same run ({loaded['seconds']:.0f} s, counted in the table above): the rollout service's
+own server (`rollout_service.server.build_server`) around a `RolloutWorker` with its vLLM
+engine loaded (SmolLM2, CPU; the mock domain in-process, the embedded Redis buffer;
+`policy_root` set, TLS off as the embedded default runs) and the learner service (tiny CPU
+learner, its loop running, one checkpoint written before the cases). Every case must get the
+expected status (never UNKNOWN or INTERNAL, a message of at most 1 KiB), both services must
+still answer SERVING and the engine be alive after each, and nothing may change: engine policy
+version, groups in the buffer, the learner's checkpoints and step (before
+`{loaded['state_before']}`, after `{loaded['state_after']}`: {'unchanged' if not loaded['state_changed'] else 'CHANGED'}).
+A Checkpoint with nothing new since the last is a no-op (the same folder, nothing written).
 
-Produced by `{command}` (seed {seed}, {result['seconds']:.0f} s; the same figures are in
+| family | RPCs | tried | clear | statuses |
+| --- | --- | --- | --- | --- |
+{lrows}
+
+Unclear cases: {lunclear}
+"""
+    md = f"""## Bad input
+
+Produced by `{command}` at commit {result.get('commit', '?')} (seed {seed}, {result['seconds']:.0f} s; the same figures are in
 [reliability.json](reliability.json) under `bad_inputs`, with every family's status codes
 and every unclear case under `bad_inputs_detail`). The generator is
 [`benchmarks/reliability_inputs.py`](../benchmarks/reliability_inputs.py); a short version
@@ -1002,9 +1070,9 @@ of it (every family and RPC, fewer cases) runs in the suite
 | {b['tried']} | {b['clear_status']} | {b['unclear']} | {b['crashes']} | {b['cross_session_effects']} |
 
 The servers: `python -m env_service --domains mock` and `python -m reward_service`, each its
-own process on loopback, and the rollout service's own server and servicer in the state it
-answers from while its engine loads (the engine path and the learner service need a model
-and torch to start: not covered here). RPCs hit: {', '.join(f'`{m}`' for m in result['methods'])}.
+own process on loopback, the rollout service's own server and servicer in the state it
+answers from while its engine loads, and (below) the rollout service with its engine loaded and
+the learner service. RPCs hit: {', '.join(f'`{m}`' for m in result['methods'])}.
 
 A case is **clear** when its status is the expected one and never UNKNOWN or INTERNAL; a
 refusal (and a ScoreBatch item's error) carries a non-empty message of at most 1 KiB; an
@@ -1030,7 +1098,7 @@ Cross-session effects:
 Server logs: {tb['env']} tracebacks (env), {tb['reward']} (reward) over the whole campaign.
 Resident memory: env {rss['before']['env']:.0f} → {rss['after']['env']:.0f} MiB, reward
 {rss['before']['reward']:.0f} → {rss['after']['reward']:.0f} MiB.
-
+{loaded_md}
 ### What each bad input gets
 
 | input | answer |
@@ -1073,13 +1141,18 @@ Decision: **the result is retrievable** (`env_service/core.py`, `EnvCore.step`).
   two client-side cases carry one, and `tests/test_reliability_inputs.py` runs them all.
 """
     md = md.replace("{BEFORE}", BEFORE)
-    old = md_path.read_text() if md_path.exists() else ""
-    marker = "\n## "
-    rest = ""
-    if old:  # keep other sections (e.g. faults) written by other tools
-        parts = old.split(marker)
-        rest = "".join(marker + p for p in parts[1:] if not p.startswith("Bad input"))
-    md_path.write_text(md.rstrip() + "\n" + rest)
+    _replace_sections(md_path, {"Bad input": md})
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+SECTIONS = ("bad_inputs", "poison", "authz")
 
 
 def main() -> None:
@@ -1089,15 +1162,43 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "reliability.md")
     p.add_argument("--json", type=Path, default=ROOT / "docs" / "reliability.json")
     p.add_argument("--log-dir", type=Path, help="keep the servers' logs here")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"which to run and write, comma-separated ({', '.join(SECTIONS)})")
+    p.add_argument("--no-engine", action="store_true", help="bad_inputs without the loaded rollout engine and learner")
     a = p.parse_args()
-    cases = generate_cases(a.seed, a.cases)
-    print(f"{len(cases)} distinct cases (seed {a.seed})", flush=True)
+    sections = [x.strip() for x in a.sections.split(",") if x.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        p.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
     if a.log_dir:
         a.log_dir.mkdir(parents=True, exist_ok=True)
-    result = run_campaign(cases, a.log_dir, progress=lambda s: print(s, flush=True))
-    command = f".venv/bin/python benchmarks/reliability_inputs.py --seed {a.seed} --cases {a.cases}"
-    write_report(result, a.seed, a.out, a.json, command)
-    print(json.dumps(result["bad_inputs"]), flush=True)
+    commit = _commit()
+    from benchmarks import reliability_security as sec
+
+    work = Path(tempfile.mkdtemp(prefix="sinkflex-reliability-"))
+    if "bad_inputs" in sections:
+        cases = generate_cases(a.seed, a.cases)
+        print(f"{len(cases)} distinct cases (seed {a.seed})", flush=True)
+        result = run_campaign(cases, a.log_dir, progress=lambda s: print(s, flush=True))
+        result["commit"] = commit
+        if not a.no_engine:
+            from sinkflex.models import prepare_model
+
+            result["loaded"] = sec.run_loaded(lambda s: print(s, flush=True), prepare_model("smollm2"), work / "loaded")
+        command = f".venv/bin/python benchmarks/reliability_inputs.py --seed {a.seed} --cases {a.cases}"
+        write_report(result, a.seed, a.out, a.json, command)
+        print(json.dumps(result["bad_inputs"]), json.dumps({k: result.get("loaded", {}).get(k) for k in
+                                                            ("tried", "clear_status", "unclear", "state_changed")}), flush=True)
+    if "poison" in sections:
+        r = sec.run_poison(work / "poison")
+        r["poison"]["commit"] = commit
+        sec.write_poison(r, a.out, a.json, ".venv/bin/python benchmarks/reliability_inputs.py --sections poison")
+        print(json.dumps(r["poison"]), flush=True)
+    if "authz" in sections:
+        r = sec.run_authz_standalone(work / "authz")
+        r["authz"]["commit"] = commit
+        sec.write_authz(r, a.out, a.json, ".venv/bin/python benchmarks/reliability_inputs.py --sections authz")
+        print(json.dumps(r["authz"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -129,7 +129,10 @@ class RolloutLimits(StrictModel):
     max_turns: int = Field(64, ge=1)
     """Largest RolloutRequest.max_turns (0 in the request: agent.max_turns)."""
     max_context_tokens: int = Field(131072, ge=64)
-    """Largest RolloutRequest.max_context_tokens (0 in the request: agent.max_context_tokens)."""
+    """Largest RolloutRequest.max_context_tokens (0 in the request: agent.max_context_tokens), and
+    largest sampling.max_new_tokens."""
+    max_temperature: float = Field(10.0, gt=0)
+    """Largest sampling.temperature (the request's must also be finite; 0: the default)."""
 
 
 class RolloutConfig(StrictModel):

@@ -17,6 +17,7 @@ size, tasks, turns, context) is INVALID_ARGUMENT naming the cap, before anything
 from __future__ import annotations
 
 import logging
+import math
 
 import grpc
 
@@ -76,6 +77,16 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if value > cap:
                 raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
                                    f"{what} {value} is above this server's cap {cap} (rollout_service.limits.{name})")
+        sp = request.sampling
+        if not (math.isfinite(sp.temperature) and 0 <= sp.temperature <= lim.max_temperature):
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.temperature {sp.temperature} is not in "
+                               f"[0, {lim.max_temperature}] (rollout_service.limits.max_temperature; 0: the default)")
+        if not (math.isfinite(sp.top_p) and 0 <= sp.top_p <= 1):
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, f"sampling.top_p {sp.top_p} is not in [0, 1] (0: the default)")
+        if sp.max_new_tokens > lim.max_context_tokens or sp.max_new_tokens < 0 or sp.top_k < -1:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, (
+                f"sampling.max_new_tokens {sp.max_new_tokens} must be in [0, {lim.max_context_tokens}] "
+                f"(rollout_service.limits.max_context_tokens) and top_k {sp.top_k} >= -1"))
         if request.max_turns < 0 or request.max_context_tokens < 0:
             raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT,
                                f"max_turns ({request.max_turns}) and max_context_tokens ({request.max_context_tokens}) "
