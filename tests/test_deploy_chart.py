@@ -381,25 +381,40 @@ def test_service_ports_follow_the_project_table(chart_default):
 # --------------------------------------------------------------------------- Redis, secrets
 
 def test_redis_persistence_and_auth(chart_default):
+    from sinkflex.buffer.acl import acl_rules, password_hash
+
     sts = by_kind(chart_default, "StatefulSet")[full("redis")]
     secret = by_kind(chart_default, "Secret")[full("redis")]
-    password = base64.b64decode(secret["data"]["redis-password"]).decode()
-    assert len(password) == 32 and password.isalnum()
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    for key in ("redis-password", "producer-password", "consumer-password", "reader-password"):
+        assert len(data[key]) == 32 and data[key].isalnum(), key
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
     (c,) = containers(sts)
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
     assert c["args"][c["args"].index("--appendonly") + 1] == "yes"
-    assert c["args"][c["args"].index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
-    assert env_of(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": full("redis"), "key": "redis-password"}
-    # every Redis client gets the password from the same Secret, and a URL using it
-    for comp in ("rollout", "learner", "train"):
-        (cc,) = containers(workload_of(chart_default, comp))
+    assert c["args"][c["args"].index("--maxmemory") + 1] == "3gb"
+    assert c["args"][c["args"].index("--maxmemory-policy") + 1] == "noeviction"
+    assert c["args"][c["args"].index("--aclfile") + 1] == "/etc/redis/users.acl"
+    assert "--requirepass" not in c["args"] and not any(data[k] in " ".join(c["args"]) for k in data)  # no password on a command line
+    # the ACL file: the admin (default) user and one user per role, with sinkflex.buffer.acl's rules, hashes only
+    acl = data["users.acl"].splitlines()
+    assert acl[0] == f"user default on {password_hash(data['redis-password'])} ~* &* +@all"
+    for line, role in zip(acl[1:], ("producer", "consumer", "reader")):
+        rules = [r for r in acl_rules(role, "sinkflex:groups", 7) if r != "reset"]
+        assert line == f"user {role} {' '.join(rules)} {password_hash(data[role + '-password'])}"
+    assert not any(data[k] in data["users.acl"] for k in data if k != "users.acl")
+    # each Redis client logs in as its role with the password from a mounted file, never in the URL
+    for comp, role in (("rollout", "producer"), ("learner", "consumer"), ("train", "reader")):
+        w = workload_of(chart_default, comp)
+        (cc,) = containers(w)
         env = env_of(cc)
-        assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == full("redis")
-        assert env["REDIS_URL"]["value"] == f"redis://:$(REDIS_PASSWORD)@{full('redis')}:6379/0"
-        names = list(env)
-        assert names.index("REDIS_PASSWORD") < names.index("REDIS_URL")  # needed for $(VAR) expansion
+        assert env["REDIS_USERNAME"]["value"] == role and "REDIS_PASSWORD" not in env
+        assert env["REDIS_PASSWORD_FILE"]["value"] == "/etc/sinkflex/redis/password"
+        assert env["REDIS_URL"]["value"] == f"redis://{full('redis')}:6379/0"
+        volumes = {v["name"]: v for v in pod_spec(w)["volumes"]}
+        assert volumes["redis-auth"]["secret"]["items"] == [{"key": f"{role}-password", "path": "password"}]
+        assert {"name": "redis-auth", "mountPath": "/etc/sinkflex/redis", "readOnly": True} in cc["volumeMounts"]
 
 
 def test_existing_secrets_and_external_redis():

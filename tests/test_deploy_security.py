@@ -76,20 +76,41 @@ def test_tls_is_off_by_default(chart_default):
                 assert "grpc" in c["readinessProbe"]
 
 
-def test_tls_mounts_the_secret_everywhere_grpc_is_spoken(chart_tls):
+#: The identity (certificate) each chart component presents (sinkflex.authz).
+IDENTITY = {"env": "env", "reward": "reward", "rollout": "rollout", "learner": "learner", "train": "driver",
+            "helm-test": "driver"}
+
+
+def test_tls_mounts_each_component_its_own_certificate_only(chart_tls):
     seen = set()
     for comp, spec in _pods(chart_tls):
         if comp in ("redis", "user-sim"):
             continue
         seen.add(comp)
+        ident = IDENTITY[comp.removeprefix("learner-") if comp.startswith("learner") else comp]
         volumes = {v["name"]: v for v in spec["volumes"]}
         assert volumes["tls"]["secret"]["secretName"] == "sf-tls"
+        assert volumes["tls"]["secret"]["items"] == [  # never another service's key
+            {"key": "ca.crt", "path": "ca.crt"}, {"key": f"{ident}.crt", "path": f"{ident}.crt"},
+            {"key": f"{ident}.key", "path": f"{ident}.key"}], comp
+        want = {**TLS_ENV, "SINKFLEX_TLS_CERT_FILE": f"/etc/sinkflex/tls/{ident}.crt",
+                "SINKFLEX_TLS_KEY_FILE": f"/etc/sinkflex/tls/{ident}.key"}
         for c in spec["containers"] + spec.get("initContainers", []):
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
-            assert {k: env.get(k) for k in TLS_ENV} == TLS_ENV, (comp, c["name"])
+            assert {k: env.get(k) for k in want} == want, (comp, c["name"])
             mount = [m for m in c["volumeMounts"] if m["name"] == "tls"]
             assert mount == [{"name": "tls", "mountPath": "/etc/sinkflex/tls", "readOnly": True}], (comp, c["name"])
     assert {*GRPC, "train", "helm-test"} <= seen
+
+
+def test_tls_per_identity_secrets_of_cert_manager():
+    secrets = {i: f"{i}-tls" for i in ("env", "reward", "rollout", "learner", "driver")}
+    for comp, spec in _pods(render_chart({"tls": {"enabled": True, "secrets": secrets}})):
+        if comp in ("redis", "user-sim"):
+            continue
+        ident = IDENTITY[comp.removeprefix("learner-") if comp.startswith("learner") else comp]
+        tls = {v["name"]: v for v in spec["volumes"]}["tls"]["secret"]
+        assert tls["secretName"] == f"{ident}-tls" and [i["key"] for i in tls["items"]] == ["ca.crt", "tls.crt", "tls.key"]
 
 
 def test_tls_probes_run_the_healthcheck_with_tls(chart_tls):
@@ -132,12 +153,15 @@ def test_tls_without_client_auth(chart_default):
                 assert env["SINKFLEX_TLS_CLIENT_AUTH"] == "0"
 
 
-def test_redis_requires_a_password_from_a_secret(chart_default):
+def test_redis_passwords_come_from_a_secret_never_a_command_line(chart_default):
     redis = next(w for w in workloads(chart_default) if component(w) == "redis")
     (c,) = redis["spec"]["template"]["spec"]["containers"]
-    assert "--requirepass" in " ".join(c.get("command", []) + c.get("args", []))
+    line = " ".join(c.get("command", []) + c.get("args", []))
+    assert "--aclfile /etc/redis/users.acl" in line and "--requirepass" not in line
     env = {e["name"]: e for e in c["env"]}
-    assert "secretKeyRef" in env["REDIS_PASSWORD"]["valueFrom"]
+    assert "secretKeyRef" in env["REDIS_PASSWORD"]["valueFrom"] and "secretKeyRef" in env["REDISCLI_AUTH"]["valueFrom"]
+    probe = " ".join(c["readinessProbe"]["exec"]["command"])
+    assert "-a " not in probe and "REDIS_PASSWORD" not in probe
 
 
 # --------------------------------------------------------------------------- compose

@@ -100,18 +100,64 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (include "sinkflex.componentName" (dict "root" . "component" "model-endpoints")) .Values.modelEndpoints.existingSecret }}
 {{- end }}
 
-{{/* REDIS_PASSWORD (from the Secret) and REDIS_URL (Kubernetes expands $(REDIS_PASSWORD)). */}}
+{{/* True when the chart's Redis runs with one ACL user per role (redis.acl.enabled). */}}
+{{- define "sinkflex.redisAcl" -}}
+{{- if and .Values.redis.enabled .Values.redis.acl.enabled }}true{{ end }}
+{{- end }}
+
+{{/* How a component reaches the buffer. Called with (dict "root" $ "role" "<producer|consumer|reader>").
+With ACL users (sinkflex.buffer.acl): REDIS_USERNAME = the role, REDIS_PASSWORD_FILE = its password
+mounted from the Secret (sinkflex.redisVolume), REDIS_URL without a password. Without (an external
+Redis): REDIS_PASSWORD from the Secret and REDIS_URL (Kubernetes expands $(REDIS_PASSWORD)). */}}
 {{- define "sinkflex.redisEnv" -}}
+{{- $root := .root }}
+{{- if include "sinkflex.redisAcl" $root }}
+- name: REDIS_USERNAME
+  value: {{ .role | quote }}
+- name: REDIS_PASSWORD_FILE
+  value: /etc/sinkflex/redis/password
+- name: REDIS_URL
+  value: {{ printf "redis://%s:%v/0" (include "sinkflex.componentName" (dict "root" $root "component" "redis")) $root.Values.redis.port | quote }}
+{{- else }}
 - name: REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ include "sinkflex.redisSecretName" . }}
-      key: {{ .Values.redis.auth.existingSecretKey }}
+      name: {{ include "sinkflex.redisSecretName" $root }}
+      key: {{ $root.Values.redis.auth.existingSecretKey }}
 - name: REDIS_URL
-{{- if .Values.redis.enabled }}
-  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s:%v/0" (include "sinkflex.componentName" (dict "root" . "component" "redis")) .Values.redis.port | quote }}
+{{- if $root.Values.redis.enabled }}
+  value: {{ printf "redis://:$(REDIS_PASSWORD)@%s:%v/0" (include "sinkflex.componentName" (dict "root" $root "component" "redis")) $root.Values.redis.port | quote }}
 {{- else }}
-  value: {{ required "redis.externalUrl is required when redis.enabled=false" .Values.redis.externalUrl | quote }}
+  value: {{ required "redis.externalUrl is required when redis.enabled=false" $root.Values.redis.externalUrl | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- define "sinkflex.redisVolume" -}}
+{{- if include "sinkflex.redisAcl" .root }}
+- name: redis-auth
+  secret:
+    secretName: {{ include "sinkflex.redisSecretName" .root }}
+    defaultMode: 0440
+    items:
+      - {key: {{ printf "%s-password" .role }}, path: password}
+{{- end }}
+{{- end }}
+{{- define "sinkflex.redisMount" -}}
+{{- if include "sinkflex.redisAcl" .root }}
+- {name: redis-auth, mountPath: /etc/sinkflex/redis, readOnly: true}
+{{- end }}
+{{- end }}
+
+{{/* The ACL rules of each buffer role on `stream` (Redis >= 7), as sinkflex.buffer.acl.acl_rules
+writes them (tests/test_deploy_security.py compares the two). */}}
+{{- define "sinkflex.redisAclRules" -}}
+{{- $s := .stream }}
+{{- $common := "+ping +multi +exec +discard +hello +auth +client|setname +client|setinfo +client|id +select +info +time +exists +type +xlen +xinfo|groups +xinfo|stream +smembers +scard +sismember +smismember +zcard +zmscore +zscore +hget +hgetall +get" }}
+{{- $scripts := "+evalsha +eval +script|load +script|exists" }}
+{{- $base := printf "on ~%s ~%s:* resetchannels -@all %s" $s $s $common }}
+{{- if eq .role "producer" }}{{ printf "%s %s +xadd +xtrim +sadd +set +hincrby +xgroup|create" $base $scripts }}
+{{- else if eq .role "consumer" }}{{ printf "%s %s +xreadgroup +xautoclaim +xclaim +xpending +xrange +xack +xdel +srem +zadd +zremrangebyscore +zremrangebyrank +del +xgroup|create (+xadd ~%s:dead)" $base $scripts $s }}
+{{- else }}{{ $base }}
 {{- end }}
 {{- end }}
 
@@ -365,30 +411,46 @@ torchrun; $HOME: library caches), as emptyDirs. */}}
 {{- end }}
 {{- end }}
 
-{{/* gRPC TLS (sinkflex.tls): the SINKFLEX_TLS_* variables every server, client and health
-check reads, pointing into the mounted certificate Secret (ca.crt, tls.crt, tls.key). */}}
+{{/* gRPC TLS (sinkflex.tls), one identity per component (sinkflex.authz: the certificate's common name is
+the identity the servers' allow-lists check). Called with (dict "root" $ "identity" "<env|reward|rollout|
+learner|driver>"). The certificate comes from tls.secrets.<identity> (a Secret with ca.crt, tls.crt,
+tls.key: a cert-manager Certificate's), else from tls.existingSecret, of which only ca.crt,
+<identity>.crt and <identity>.key are mounted (what scripts/tls_dev_certs.py writes): a pod never
+holds another service's key. */}}
+{{- define "sinkflex.tlsFiles" -}}
+{{- $own := index (.root.Values.tls.secrets | default dict) .identity }}
+{{- if $own }}{{ dict "secret" $own "crt" "tls.crt" "key" "tls.key" | toJson }}
+{{- else }}{{ dict "secret" (required "tls.existingSecret (or tls.secrets.<identity>) is required when tls.enabled=true" .root.Values.tls.existingSecret) "crt" (printf "%s.crt" .identity) "key" (printf "%s.key" .identity) | toJson }}
+{{- end }}
+{{- end }}
 {{- define "sinkflex.tlsEnv" -}}
-{{- if .Values.tls.enabled }}
+{{- if .root.Values.tls.enabled }}
+{{- $f := include "sinkflex.tlsFiles" . | fromJson }}
 - name: SINKFLEX_TLS_CA_FILE
-  value: {{ printf "%s/ca.crt" .Values.tls.mountPath | quote }}
+  value: {{ printf "%s/ca.crt" .root.Values.tls.mountPath | quote }}
 - name: SINKFLEX_TLS_CERT_FILE
-  value: {{ printf "%s/tls.crt" .Values.tls.mountPath | quote }}
+  value: {{ printf "%s/%s" .root.Values.tls.mountPath $f.crt | quote }}
 - name: SINKFLEX_TLS_KEY_FILE
-  value: {{ printf "%s/tls.key" .Values.tls.mountPath | quote }}
+  value: {{ printf "%s/%s" .root.Values.tls.mountPath $f.key | quote }}
 - name: SINKFLEX_TLS_CLIENT_AUTH
-  value: {{ ternary "1" "0" .Values.tls.requireClientAuth | quote }}
+  value: {{ ternary "1" "0" .root.Values.tls.requireClientAuth | quote }}
 {{- end }}
 {{- end }}
 {{- define "sinkflex.tlsVolume" -}}
-{{- if .Values.tls.enabled }}
+{{- if .root.Values.tls.enabled }}
+{{- $f := include "sinkflex.tlsFiles" . | fromJson }}
 - name: tls
   secret:
-    secretName: {{ required "tls.existingSecret is required when tls.enabled=true (a Secret with ca.crt, tls.crt and tls.key)" .Values.tls.existingSecret | quote }}
+    secretName: {{ $f.secret | quote }}
     defaultMode: 0440
+    items:
+      - {key: ca.crt, path: ca.crt}
+      - {key: {{ $f.crt }}, path: {{ $f.crt }}}
+      - {key: {{ $f.key }}, path: {{ $f.key }}}
 {{- end }}
 {{- end }}
 {{- define "sinkflex.tlsMount" -}}
-{{- if .Values.tls.enabled }}
-- {name: tls, mountPath: {{ .Values.tls.mountPath | quote }}, readOnly: true}
+{{- if .root.Values.tls.enabled }}
+- {name: tls, mountPath: {{ .root.Values.tls.mountPath | quote }}, readOnly: true}
 {{- end }}
 {{- end }}
