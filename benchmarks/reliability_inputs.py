@@ -327,10 +327,11 @@ def generate_cases(seed: int = 15, n: int = 240) -> list[Case]:
     # -- huge ids (echo must be clipped) -------------------------------------------------
     for size in (10_000, 100_000, 1_000_000):
         h = _huge(rng, size)
+        small = NF if size <= 64 * 1024 else "RESOURCE_EXHAUSTED"  # ListTasks, Close: a 64 KiB request limit (sinkflex.limits)
         cases += [
-            Case("huge id", ENV_S + "ListTasks", f"env of {size} chars", lambda c, h=h: env_pb2.ListTasksRequest(env=h), NF),
+            Case("huge id", ENV_S + "ListTasks", f"env of {size} chars", lambda c, h=h: env_pb2.ListTasksRequest(env=h), small),
             Case("huge id", ENV_S + "ListTasks", f"split of {size} chars",
-                 lambda c, h=h: env_pb2.ListTasksRequest(env="mock", split=h), NF),
+                 lambda c, h=h: env_pb2.ListTasksRequest(env="mock", split=h), small),
             Case("huge id", ENV_S + "Reset", f"env of {size} chars", lambda c, h=h: env_pb2.ResetRequest(env=h), NF),
             Case("huge id", ENV_S + "Reset", f"task_id of {size} chars",
                  lambda c, h=h: env_pb2.ResetRequest(env="mock", task_id=h, solo_mode=True), NF),
@@ -338,7 +339,7 @@ def generate_cases(seed: int = 15, n: int = 240) -> list[Case]:
                  lambda c, h=h: env_pb2.ResetRequest(env="mock", split=h, solo_mode=True), NF),
             Case("huge id", ENV_S + "Step", f"session_id of {size} chars",
                  lambda c, h=h: env_pb2.StepRequest(session_id=h, stop=True), NF),
-            Case("huge id", ENV_S + "Close", f"session_id of {size} chars", lambda c, h=h: env_pb2.CloseRequest(session_id=h), NF),
+            Case("huge id", ENV_S + "Close", f"session_id of {size} chars", lambda c, h=h: env_pb2.CloseRequest(session_id=h), small),
             Case("huge id", REWARD_S + "Score", f"env of {size} chars",
                  lambda c, h=h: _score_request(c.golden, env=h), NF),
             Case("huge id", REWARD_S + "Score", f"task_id of {size} chars",
@@ -1105,6 +1106,10 @@ Resident memory: env {rss['before']['env']:.0f} → {rss['after']['env']:.0f} Mi
 | --- | --- |
 | bytes that are not the method's message (garbage, truncated mid-field, invalid UTF-8 in a string field), every RPC of every server built on `sinkflex.serving.ServiceServer` | INVALID_ARGUMENT `the request is not a valid <type> (<n> bytes): DecodeError: ... Wire format was corrupt` / `String field had bad UTF-8`; the servicer never runs, no traceback in the log |
 | an id, env, split or task of any size | NOT_FOUND naming it clipped to 120 characters and its length (every status message ≤ 1 KiB, `sinkflex.errors`) |
+| a request above its method's limit (UpdateWeights, the rollout and learner Status, Checkpoint, PolicyVersion, the env's ListEnvironments, ListTasks, Close: 64 KiB; Rollout: 1 MiB) | RESOURCE_EXHAUSTED `<method>: the request is <n> bytes, above this method's limit of <m> bytes`, before it is parsed (`sinkflex.limits`) |
+| a Rollout above a cap (group size, tasks, turns, context, sampling) or a ScoreBatch of more than 256 items | INVALID_ARGUMENT naming the value and the cap (`rollout_service.limits.*`, `reward_service.max_batch_items`), nothing sampled or scored |
+| more calls at once than the server's `max_concurrent_rpcs` | RESOURCE_EXHAUSTED `server busy: N RPCs already in progress (max_concurrent_rpcs N); retry with backoff` |
+| an UpdateWeights outside the policy root or for a version never published | PERMISSION_DENIED / INVALID_ARGUMENT, the engine untouched ("Security" below) |
 | an unknown enum value (`action.role` 99, a requestor of -1, a termination reason of 2^31-1) | INVALID_ARGUMENT `... got unknown role value 99`; nothing applied |
 | tool-call arguments nested deeper than 64, an integer of more than 4300 digits, a lone surrogate in a key or string, anything not a JSON object | a tool error answering the call (the raw-arguments form of `tau2_adapter.convert`), the episode goes on; the scorer replays the same |
 | a Step that fails | the session exactly as before the call: actions are checked whole before any tool call runs; should tau2 itself raise mid-step, the episode ends (AGENT_ERROR) and the client gets INTERNAL saying so, never a silently half-applied step |
