@@ -462,8 +462,8 @@ def main() -> int:
         default=["correctness", "compiled", "shared_prefix", "learner"],
         choices=["correctness", "compiled", "shared_prefix", "learner", "model", "kernel"],
     )
-    parser.add_argument("--learner-layers", type=int, default=8,
-                        help="gpt-oss-20b layers in the learner part (8: about 9 B parameters, ~75 GB of state on one GPU)")
+    parser.add_argument("--learner-layers", type=int, default=12,
+                        help="gpt-oss-20b layers in the learner part (12: 11 B parameters, about 110 GB of bf16 state on one GPU)")
     parser.add_argument("--kernel-bench", action="store_true", help="also run part 4 (kernel)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192])

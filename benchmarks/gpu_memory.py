@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 from learner_service.config import LearnerConfig  # noqa: E402
 from learner_service.memory_model import GPT_OSS_20B, learner_config, plan_row  # noqa: E402
 
-PAPER = {"eager_4096": 28.06, "sinkflex_4096": 22.52, "sinkflex_8192": 25.53, "eager_8192": "out of memory"}
+PAPER = {"eager_4096": 28.06, "sinkflex_4096": 22.52, "sinkflex_8192": 25.53}
+PAPER_NOTES = "eager at 8,192 tokens: out of memory (GPU not stated)"
 #: What the paper leaves open, and what the "paper" rows assume.
 PAPER_ASSUMPTIONS = {
     "model": "gpt-oss-20b (the paper: 'a large open-weight MoE transformer' with learned sinks and sliding-window layers; "
@@ -38,6 +39,8 @@ PAPER_ASSUMPTIONS = {
     "optimizer": "AdamW, for-each implementation (PyTorch's default on CUDA)",
 }
 PAPER_GPUS = 8
+#: The GPU check's learner part (benchmarks/gpu_check.py --learner-layers): its rows, predicted here.
+GPU_CHECK_LAYERS = 12
 
 
 def rows_to_run(config_path: Path):
@@ -52,35 +55,118 @@ def rows_to_run(config_path: Path):
     for n in (4096, 8192):
         for att in ("eager", "sinkflex"):
             yield "configs/gpt-oss-20b.yaml", learner_config(GPT_OSS_20B, n, att, base=base), n, gpus
+    small = dict(GPT_OSS_20B, num_hidden_layers=GPU_CHECK_LAYERS, layer_types=GPT_OSS_20B["layer_types"][:GPU_CHECK_LAYERS])
+    for n in (4096, 8192):
+        for att in ("eager", "sinkflex"):
+            yield f"gpu_check ({GPU_CHECK_LAYERS} layers)", learner_config(small, n, att), n, 1
+
+
+def _row(record: dict, config: str, n: int, attention: str) -> dict | None:
+    return next((r for r in record["rows"] if r["config"] == config and r["seq_len"] == n and r["attention"] == attention), None)
+
+
+def _gb(r: dict | None, key: str = "predicted_peak_gb") -> float | None:
+    return None if r is None or key not in r else r[key]
 
 
 def markdown(record: dict) -> str:
+    parts_order = record["parts_order"]
     lines = [
         "# Predicted GPU memory of the GRPO step (gpt-oss-20b)",
         "",
-        "Per GPU, in GB (10^9 bytes, the paper's unit). Predicted on a CPU by tracing the learner's own step "
-        "(`learner_service.memory_model.trace_step`: `Learner.train_step` with FSDP2 over a fake process group, "
-        "fake tensors, PyTorch's `FSDPMemTracker`), beside an analytic count of the same parts "
-        "(`analytic_peak`). Made by `PYTHONPATH=. python benchmarks/gpu_memory.py` "
-        f"({record['generated']}, torch {record['torch']}, transformers {record['transformers']}); "
-        "plan your own configuration with `sinkflex-rl memory` (below).",
+        "Each learner GPU's peak memory during GRPO steps, predicted on a CPU, in GB (10^9 bytes, the paper's unit). "
+        "`learner_service.memory_model.trace_step` runs the learner's own step (`Learner.train_step`: the model on "
+        "the chosen attention path, the chunked float32 log-probs, the GRPO loss, backward, gradient clipping, AdamW, "
+        "FSDP2) with fake tensors over a fake process group of the given GPU count, under PyTorch's `FSDPMemTracker` "
+        "(as torchtitan's memory estimation does), and splits the peak into parts. `analytic_peak` counts the same "
+        "parts from the architecture (module docstrings give both methods and what they leave out). "
+        f"Made by `PYTHONPATH=. python benchmarks/gpu_memory.py` on {record['generated']} "
+        f"(torch {record['torch']}, transformers {record['transformers']}).",
         "",
-        "| config | tokens | attention | GPUs | predicted peak | phase | analytic | analytic vs traced | paper |",
+        "| config | tokens | attention | GPUs | predicted peak (traced) | peak falls in | analytic count | analytic vs traced | paper |",
         "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for r in record["rows"]:
         paper = record["paper"].get(f"{r['attention']}_{r['seq_len']}", "") if r["config"] == "paper" else ""
+        if r["config"] == "paper" and r["attention"] == "eager" and r["seq_len"] == 8192:
+            paper = "out of memory"
         pred = f"{r['predicted_peak_gb']:.2f}" if "predicted_peak_gb" in r else "–"
         diff = f"{100 * r['analytic_vs_traced']:+.1f} %" if "analytic_vs_traced" in r else "–"
         lines.append(f"| {r['config']} | {r['seq_len']:,} | {r['attention']} | {r['gpus']} | {pred} | {r.get('phase', '–')} | "
                      f"{r['analytic_peak_gb']:.2f} | {diff} | {paper} |")
-    lines += ["", "Parts of each traced peak (GB, at the peak moment):", "",
-              "| config | tokens | attention | " + " | ".join(record["parts_order"]) + " |",
-              "| --- | ---: | --- | " + " | ".join("---:" for _ in record["parts_order"]) + " |"]
+    lines += ["", "Parts of each traced peak (GB, live at the peak moment; they add up to the peak):", "",
+              "| config | tokens | attention | " + " | ".join(p.replace("_", " ") for p in parts_order) + " |",
+              "| --- | ---: | --- | " + " | ".join("---:" for _ in parts_order) + " |"]
     for r in record["rows"]:
         parts = r.get("parts", {})
         lines.append(f"| {r['config']} | {r['seq_len']:,} | {r['attention']} | "
-                     + " | ".join(f"{parts.get(p, 0):.2f}" for p in record["parts_order"]) + " |")
+                     + " | ".join(f"{parts.get(p, 0):.2f}" for p in parts_order) + " |")
+    e4, s4, s8 = (_gb(_row(record, "paper", n, a)) for n, a in ((4096, "eager"), (4096, "sinkflex"), (8192, "sinkflex")))
+    e8 = _gb(_row(record, "paper", 8192, "eager"))
+    paper = record["paper"]
+    lines += ["", "## Beside the paper", ""]
+    if None not in (e4, s4, s8, e8):
+        lines += [
+            f"The paper gives 28.06 GB (eager) and 22.52 GB (ours) at 4,096 tokens, 25.53 GB (ours) at 8,192 and eager "
+            "out of memory there, on a GPU it does not name, with a configuration it does not state. The differences "
+            "do not depend on the unstated static part (weights, gradients, optimizer state): ",
+            "",
+            f"- eager − ours at 4,096 tokens: predicted {e4 - s4:.2f} GB ({100 * (e4 - s4) / e4:.1f} % of eager), paper "
+            f"{paper['eager_4096'] - paper['sinkflex_4096']:.2f} GB (19.7 %);",
+            f"- ours, 8,192 − 4,096 tokens: predicted {s8 - s4:+.2f} GB, paper {paper['sinkflex_8192'] - paper['sinkflex_4096']:+.2f} GB;",
+            f"- eager at 8,192 tokens: predicted {e8:.2f} GB, {e8 - s8:.2f} GB above ours: beyond an 80 GB GPU's "
+            f"{'reach' if e8 > 80 else 'limit only with less static state'} (the paper: out of memory).",
+            "",
+            f"The absolute figures differ by the static part: the paper's rows at 4,096 tokens imply "
+            f"{paper['sinkflex_4096'] - (s4 - (_row(record, 'paper', 4096, 'sinkflex')['parts'].get('parameters', 0) + _row(record, 'paper', 4096, 'sinkflex')['parts'].get('gradients', 0) + _row(record, 'paper', 4096, 'sinkflex')['parts'].get('optimizer_state', 0))):.1f} GB "
+            "of weights, gradients and optimizer state per GPU where our assumption (full-parameter bf16 AdamW over 8 GPUs) "
+            "gives the parameters, gradients and optimizer-state columns above; LoRA, a quantized frozen base, more GPUs "
+            "or CPU offload would each explain a smaller one.",
+        ]
+    lines += ["", "What the paper leaves open, and what its rows here assume:", ""]
+    lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in record["paper_assumptions"].items()]
+    lines += [
+        "",
+        "configs/gpt-oss-20b.yaml's rows take that file's learner section as it trains (6 FSDP2 ranks on GPUs 2-7, "
+        "micro-batch 1, max_seq_len 8,192, bf16, activation checkpointing, beta 0, `sinkflex` attention; the eager "
+        "rows swap only the attention). The yaml's comment estimated ~56 GB of training state per GPU assuming "
+        "float32 master weights; this learner keeps bf16 weights and bf16 AdamW moments on CUDA, 8 bytes per "
+        "parameter, which is what the trace counts.",
+        "",
+        "The `gpu_check` rows are benchmarks/gpu_check.py's learner part (gpt-oss-20b's first layers, one GPU): "
+        "when a GPU run happens, its measured peaks go beside these predictions (docs/gpu_check.json).",
+        "",
+        "## Reading the parts",
+        "",
+        "- parameters: the bf16 shards, plus the unsharded copies FSDP2 all-gathers: the root unit's (embeddings and "
+        "lm_head, kept from forward to backward) and one or two decoder layers' (the running one and the prefetched one);",
+        "- gradients: sharded gradients of the earlier micro-steps, plus unsharded ones waiting for their reduce-scatter;",
+        "- optimizer state: AdamW's two moments (bf16, like the weights), and at the optimizer step its for-each "
+        "temporary (√v of every shard);",
+        "- activations / attention / logits: tensors allocated in the model's decoder layers / inside its attention "
+        "modules / inside lm_head, saved ones and the temporaries of their backward (gradients of a module's inputs, "
+        "and of its weights until FSDP2 classifies them, count where they are allocated); with checkpointing a layer's "
+        "are its input, kept, and its recomputed insides during its backward;",
+        "- logprob chunks: outside the model: the float32 chunks of the log-softmax, its LSE, the logits' gradient "
+        "(`learner_service.logprobs.picked_logprobs`), the loss;",
+        "- fsdp buffers: all-gather and reduce-scatter buffers.",
+        "",
+        "Analytic vs traced: the analytic count is a hand count of the largest tensors at three candidate moments "
+        "(a decoder layer's backward, lm_head's backward, the optimizer step); it leaves out FSDP2's padding and "
+        "buffers, small tensors and the allocator's rounding. Rows where it is more than 10 % away say where, in their "
+        "parts, the two disagree.",
+        "",
+        "## Plan your own configuration",
+        "",
+        "```bash",
+        "sinkflex-rl memory -m gpt-oss-20b -n 4096 -n 8192 -g 6 -a sinkflex -a eager --gpu-gb 80",
+        "sinkflex-rl memory -c configs/gpt-oss-20b.yaml            # its learner section and learner_procs",
+        "sinkflex-rl memory -m /models/my-model --no-trace          # analytic count only (seconds)",
+        "```",
+        "",
+        "`-m` takes a named architecture or a model folder's config.json (weights are never read); a trace of a "
+        "20B model takes minutes on two cores, `--no-trace` seconds.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -101,7 +187,8 @@ def main() -> int:
     old = json.loads(out_json.read_text()) if out_json.exists() else {"rows": []}
     keep = {(r["config"], r["seq_len"], r["attention"]): r for r in old.get("rows", [])}
     record = {"generated": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
-              "transformers": transformers.__version__, "paper": PAPER, "paper_assumptions": PAPER_ASSUMPTIONS,
+              "transformers": transformers.__version__, "paper": PAPER, "paper_notes": PAPER_NOTES,
+              "paper_assumptions": PAPER_ASSUMPTIONS,
               "parts_order": list(PARTS), "rows": []}
     for name, cfg, n, gpus in rows_to_run(args.config):
         key = (name, n, cfg.model.attn_implementation)

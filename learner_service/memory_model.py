@@ -100,7 +100,8 @@ class Estimate:
     peak_bytes: the largest total of live tensor storages during the traced steps.
     parts: {part: bytes} at that moment (`PARTS`; they add up to peak_bytes).
     categories: the tracker's own categories at that moment ({"Sharded Param": bytes, ...}).
-    phase: where the peak fell ("forward", "backward", "optimizer" or "outside").
+    phase: where the peak fell: "forward" (the model's), "log-probs" (after it, until the logits'
+        gradient: log-probs, loss, their backward), "backward" (the model's), "optimizer" or "outside".
     assumed: {op: count} of data-dependent reads answered by assumption (module docstring).
     seconds: wall time of the trace.
     """
@@ -430,16 +431,18 @@ def learner_config(arch: dict, seq_len: int, attention: str, gradient_checkpoint
     return LearnerConfig.model_validate(data)
 
 
-def trace_step(cfg: LearnerConfig, seq_len: int, gpus: int, steps: int = 2, fake: bool = True,
+def trace_step(cfg: LearnerConfig, seq_len: int, gpus: int, steps: int = 1, fake: bool = True,
                foreach: bool = True) -> Estimate:
     """Traces `steps` learner steps (each: 2 rollouts of `seq_len` tokens per rank, one per
-    micro-step) on rank 0 of `gpus` ranks and returns its peak.
+    micro-step, so that the second micro-step runs with every sharded gradient allocated) on
+    rank 0 of `gpus` ranks, after one AdamW step on zero gradients (untraced: the optimizer
+    state a previous step leaves), and returns the peak.
 
     Args:
         cfg: the learner config (its model.arch is built with random weights; model.path is not read).
         seq_len: tokens per rollout (≤ cfg.batch.max_seq_len, or that is None).
         gpus: learner ranks (FSDP2 shards over them).
-        steps: learner steps traced (the second one runs with optimizer state allocated).
+        steps: learner steps traced.
         fake: False runs the same step with real tensors on the CPU paths (small configs, one
             rank over gloo: the check of the fake trace against a real run), under the same tracker.
         foreach: AdamW's for-each implementation (its default on CUDA; on CPU tensors it would
@@ -475,6 +478,7 @@ def trace_step(cfg: LearnerConfig, seq_len: int, gpus: int, steps: int = 2, fake
         if foreach:
             for group in learner.optimizer.param_groups:
                 group["foreach"] = True
+        _warm_optimizer(learner.optimizer)
         tracker = _parts_tracker(learner.model, learner.optimizer)
         _phases(learner, tracker)
         with _untracked_propagation(tracker), tracker:
@@ -488,16 +492,26 @@ def trace_step(cfg: LearnerConfig, seq_len: int, gpus: int, steps: int = 2, fake
     return Estimate(peak, parts, cats, phase, assumed, time.perf_counter() - t0)
 
 
+def _warm_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """One AdamW step on zero gradients: allocates the moments a previous learner step leaves
+    (the same tensors, without tracing a whole step for them); the weights do not change."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def _phases(learner, tracker) -> None:
-    """Marks the tracker's phase: forward (inside the model's forward), backward (from the first
-    backward hook), optimizer (inside AdamW's step), outside otherwise."""
+    """Marks the tracker's phase: forward (the model's forward), log-probs (from its end until the
+    logits' gradient exists), backward (from then), optimizer (AdamW's step), outside otherwise."""
     model = learner.model
 
     def pre_forward(*_):
         tracker.phase = "forward"
 
     def post_forward(_m, _a, out):
-        tracker.phase = "forward-done"
+        tracker.phase = "log-probs"
         logits = getattr(out, "logits", None)
         if isinstance(logits, torch.Tensor) and logits.requires_grad:
             logits.register_hook(_backward)
