@@ -1181,6 +1181,7 @@ def main() -> None:
     from benchmarks import reliability_security as sec
 
     work = Path(tempfile.mkdtemp(prefix="sinkflex-reliability-"))
+    authz_result = None
     if "bad_inputs" in sections:
         cases = generate_cases(a.seed, a.cases)
         print(f"{len(cases)} distinct cases (seed {a.seed})", flush=True)
@@ -1189,7 +1190,9 @@ def main() -> None:
         if not a.no_engine:
             from sinkflex.models import prepare_model
 
-            result["loaded"] = sec.run_loaded(lambda s: print(s, flush=True), prepare_model("smollm2"), work / "loaded")
+            result["loaded"] = sec.run_loaded(lambda s: print(s, flush=True), prepare_model("smollm2"), work / "loaded",
+                                              authz="authz" in sections)
+            authz_result = result["loaded"].pop("authz_result")
         command = f".venv/bin/python benchmarks/reliability_inputs.py --seed {a.seed} --cases {a.cases}"
         write_report(result, a.seed, a.out, a.json, command)
         print(json.dumps(result["bad_inputs"]), json.dumps({k: result.get("loaded", {}).get(k) for k in
@@ -1200,7 +1203,7 @@ def main() -> None:
         sec.write_poison(r, a.out, a.json, ".venv/bin/python benchmarks/reliability_inputs.py --sections poison")
         print(json.dumps(r["poison"]), flush=True)
     if "authz" in sections:
-        r = sec.run_authz_standalone(work / "authz")
+        r = authz_result if "bad_inputs" in sections and not a.no_engine else sec.run_authz_standalone(work / "authz")
         r["authz"]["commit"] = commit
         sec.write_authz(r, a.out, a.json, ".venv/bin/python benchmarks/reliability_inputs.py --sections authz")
         print(json.dumps(r["authz"]), flush=True)

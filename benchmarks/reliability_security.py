@@ -158,7 +158,7 @@ def _tls(pki: Path, identity: str | None, server: bool = False, client_auth: boo
                      ca_file=str(pki / "ca.crt"), require_client_auth=server and client_auth)
 
 
-def run_authz(worker, learner_runner, policy_root: Path, outside: Path, pki: Path) -> dict:
+def run_authz(worker, learner_runner, policy_root: Path, outside: Path, pki: Path, buffer=None) -> dict:
     """Unauthorised calls of every protected method against a real rollout service (around
     `worker`, a RolloutWorker with its engine) and a real learner service (around
     `learner_runner`), each served twice: with mutual TLS (wrong identities) and with TLS
@@ -198,7 +198,8 @@ def run_authz(worker, learner_runner, policy_root: Path, outside: Path, pki: Pat
 
     def state() -> dict:
         ck = checkpoint_root(learner_runner.learner.cfg.run_dir)
-        buf = worker.loop.buffer.stats() if getattr(worker.loop, "buffer", None) is not None else None
+        b = buffer if buffer is not None else getattr(worker, "_buffer", None)
+        buf = b.stats() if b is not None else None
         return {"engine_policy_version": worker.engine.policy_version,
                 "buffer_groups_added": buf.added if buf else None,
                 "checkpoints": sorted(p.name for p in ck.glob("step_*")) if ck.is_dir() else [],
@@ -348,13 +349,14 @@ def loaded_cases(policy_root: Path, outside: Path) -> list[tuple[str, str, str, 
     return out
 
 
-def run_loaded(log, smollm2_dir: Path, work: Path) -> dict:
+def run_loaded(log, smollm2_dir: Path, work: Path, authz: bool = False) -> dict:
     """Bad input against the rollout service with its vLLM engine loaded (SmolLM2, CPU; the mock
     domain in-process, the embedded Redis buffer) and the learner service (tiny CPU learner,
     running), both on loopback with TLS off as the embedded default runs them. Every answer
     must be clear (the expected status; never UNKNOWN or INTERNAL; a message of at most 1 KiB),
     both services must still answer SERVING, and nothing may change: the engine's policy
-    version, the buffer's groups, the learner's checkpoints and step. Returns the figures."""
+    version, the buffer's groups, the learner's checkpoints and step. Returns the figures; with
+    `authz`, also `run_authz`'s result on the same engine and learner under "authz_result"."""
     import threading
 
     import grpc
@@ -435,6 +437,11 @@ def run_loaded(log, smollm2_dir: Path, work: Path) -> dict:
                 if problems:
                     log(f"UNCLEAR {family} {method}: {code} {problems} {message[:200]}")
             after = state()
+            authz_result = None
+            if authz:
+                t1 = time.monotonic()
+                authz_result = run_authz(worker, runner, policy_root, Path(smollm2_dir), write_pki(work / "pki"), buffer=buf)
+                authz_result["authz_detail"]["seconds"] = round(time.monotonic() - t1, 1)
             runner.request_stop()
             loop.join(60)
             lserver.stop()
@@ -457,7 +464,8 @@ def run_loaded(log, smollm2_dir: Path, work: Path) -> dict:
     return {"tried": len(rows), "clear_status": sum(not r["problems"] for r in rows),
             "unclear": sum(bool(r["problems"]) for r in rows), "crashes": sum(r["crash"] for r in rows),
             "state_changed": before != after, "state_before": before, "state_after": after, "families": families,
-            "unclear_cases": [r for r in rows if r["problems"]], "seconds": round(time.monotonic() - t0, 1)}
+            "unclear_cases": [r for r in rows if r["problems"]], "seconds": round(time.monotonic() - t0, 1),
+            "authz_result": authz_result}
 
 
 def _serving(channel) -> bool:

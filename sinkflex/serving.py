@@ -218,7 +218,7 @@ class ServiceServer:
     None or inactive: plaintext as before) serves TLS, or mutual TLS with
     `require_client_auth`; its files are read by `start()` (`TLSError` naming a bad one).
     Load shedding (`sinkflex.limits.LimitsInterceptor`, always installed, outermost after
-    metrics): at most `max_concurrent_rpcs` calls at once (default: `max_workers` − 4, so
+    metrics): at most `max_concurrent_rpcs` calls at once (default: `max_workers` − min(4, half), so
     health checks and refusals always find a thread; a call over it is RESOURCE_EXHAUSTED
     naming the limit) and `method_max_bytes` per-method request limits (default
     `sinkflex.limits.DEFAULT_METHOD_MAX_BYTES`). With `authz` (a `sinkflex.authz.Policy`;
@@ -247,7 +247,7 @@ class ServiceServer:
             self.metrics_service = first.removesuffix("Service").lower() or first.lower()
         self.metrics = ServiceMetrics(self.metrics_service)
         if self.max_concurrent_rpcs == 0:
-            self.max_concurrent_rpcs = max(1, self.max_workers - 4)
+            self.max_concurrent_rpcs = max(1, self.max_workers - min(4, self.max_workers // 2))
         if self.authz is None:
             self.authz = policy_for(self.tls)
         self.limits = LimitsInterceptor(self.max_concurrent_rpcs, self.method_max_bytes)
