@@ -24,7 +24,8 @@ app = typer.Typer(
 )
 
 #: (module under sinkflex_rl.commands, group name or "" for top-level commands)
-_COMMAND_MODULES = [("config", "config"), ("env", "env"), ("memory", ""), ("models", "models"), ("tasks", "tasks"), ("train", "")]
+_COMMAND_MODULES = [("config", "config"), ("env", "env"), ("memory", ""), ("models", "models"), ("tasks", "tasks"),
+                    ("train", ""), ("eval", "")]
 
 
 def _print_version(value: bool) -> None:

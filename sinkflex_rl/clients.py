@@ -39,6 +39,7 @@ class Addresses:
     """"": no reward service was launched (nothing uses it: task.reward env, or task.reward_address)."""
     rollout: str
     learner: str
+    """"": no learner (`sinkflex-rl eval`: a policy scored alone)."""
 
 
 @dataclass
@@ -49,12 +50,13 @@ class ServiceClients:
         env, rollout, learner: the services' clients.
         reward: the reward service that scores the experiment's env (the controller's start check,
             `Controller.check_reward`); None: none is connected (task.reward env).
+        learner: None: none is connected (`sinkflex-rl eval`, which validates without training).
     """
 
     env: EnvClient
     reward: RewardClient | None
     rollout: RolloutClient
-    learner: LearnerClient
+    learner: LearnerClient | None
 
     def close(self) -> None:
         """Closes the gRPC channels (in-process clients hold none). Idempotent."""
@@ -68,7 +70,7 @@ class ServiceClients:
 
 
 def connect(addresses: Addresses | None = None, *, env: Any = None, reward: Any = None, rollout: Any = None,
-            learner: Any = None) -> ServiceClients:
+            learner: Any = None, learner_required: bool = True) -> ServiceClients:
     """The four clients: each service from its keyword, else from `addresses`.
 
     A service is given as
@@ -77,7 +79,8 @@ def connect(addresses: Addresses | None = None, *, env: Any = None, reward: Any 
         `RewardServicer`; rollout — a `RolloutWorker` or `RolloutServicer`; learner — a
         `LearnerServicer` or `LearnerRunner`: its `Local*Client`;
       - a client (anything implementing the service's client Protocol): as is.
-    The reward service may be missing ("" or None: `ServiceClients.reward` None); the others not.
+    The reward service may be missing ("" or None: `ServiceClients.reward` None), and so may the
+    learner with `learner_required` False (`ServiceClients.learner` None: evaluation alone).
 
     Raises:
         ValueError: env, rollout or learner given neither here nor in `addresses`.
@@ -87,11 +90,11 @@ def connect(addresses: Addresses | None = None, *, env: Any = None, reward: Any 
     for name, value in given.items():
         if value is None and addresses is not None:
             given[name] = getattr(addresses, name)
-    missing = [name for name in ("env", "rollout", "learner") if not given[name]]
+    missing = [name for name in ("env", "rollout", "learner")[: 3 if learner_required else 2] if not given[name]]
     if missing:
         raise ValueError(f"connect: no address or in-process object for {', '.join(missing)}")
     return ServiceClients(env=_env(given["env"]), reward=_reward(given["reward"]), rollout=_rollout(given["rollout"]),
-                          learner=_learner(given["learner"]))
+                          learner=_learner(given["learner"]) if given["learner"] else None)
 
 
 def _is(obj: Any, module: str, name: str) -> bool:

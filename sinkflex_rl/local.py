@@ -86,11 +86,14 @@ def _on_gpus(config, placement: Placement):
     return config.model_copy(update={"engine": engine})
 
 
-def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] | None = None) -> Addresses:
+def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] | None = None,
+                 learner: bool = True) -> Addresses:
     """Starts every service for `cfg` under `launcher`; returns their addresses.
 
     Args:
         visible: the CUDA device ids to place the processes on (default: `visible_gpus()`).
+        learner: start the learner (False: `sinkflex-rl eval`, the policy scored alone; no warm
+            start; `Addresses.learner` "").
     """
     from sinkflex.buffer import embedded_redis_url
 
@@ -164,6 +167,8 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
                                     ready_timeout_s=cfg.local.ready_timeout_s))
     # env, reward and the engine load in parallel (the engine is the slow one)
     launcher.start_all(specs, ready_timeout=cfg.local.ready_timeout_s)
+    if not learner:
+        return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner="")
     if demos is not None and not demos.exists() and not _learner_started(run_dir):
         write_demonstrations_for(cfg, policy, addresses, task_files, demos)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={placement.learner_nproc}"]

@@ -33,7 +33,7 @@ ENTRY_POINTS = {
     **{f"sinkflex-rl {' '.join(c)}": ("sinkflex_rl.cli", list(c)) for c in [
         ("train",), ("tasks",), ("tasks", "generate"), ("tasks", "check"), ("env",), ("env", "serve"),
         ("env", "check"), ("env", "replay"), ("config",), ("config", "show"), ("config", "schema"),
-        ("models",), ("models", "prepare"), ("memory",)]},
+        ("models",), ("models", "prepare"), ("memory",), ("eval",)]},
 }
 
 #: A literal each of these helps must show as written (so the check below is not vacuous).

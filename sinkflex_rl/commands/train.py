@@ -79,6 +79,7 @@ def train(
         raise typer.Exit(2) from None
     run_dir = cfg.run.dir()
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_experiment(run_dir, cfg)  # what `sinkflex-rl eval --policy <run>/learner/policy/vN` scores with
     set_aside_stopped(run_dir)  # a previous stop's stopped.json does not describe this run
     interrupted = False
     stopped: str | None = None  # a launched process died or froze: its one-line message
@@ -186,6 +187,18 @@ def train(
     console.print(f"run folder: {run_dir}  plots: {', '.join(p.name for p in plots)}")
     if interrupted:
         raise typer.Exit(130)
+
+
+def write_experiment(run_dir: Path, cfg) -> Path:
+    """Writes the resolved experiment (`config show`'s YAML: itself an experiment file) to
+    ``<run_dir>/experiment.yaml``, the default config of `sinkflex-rl eval` for the run's policies."""
+    import yaml
+
+    from sinkflex_rl.commands.eval import EXPERIMENT_FILE
+
+    path = run_dir / EXPERIMENT_FILE
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+    return path
 
 
 def append_session(run_dir: Path, started: float, outcome: str) -> list[dict]:

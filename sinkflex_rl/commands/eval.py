@@ -1,0 +1,172 @@
+"""`sinkflex-rl eval --policy PATH`: one policy scored alone on a task split."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sinkflex.service_cli import APP_SETTINGS
+
+app = typer.Typer(**APP_SETTINGS)
+log = logging.getLogger("sinkflex_rl.eval")
+
+#: The experiment file `train` writes into its run folder (the resolved config it ran).
+EXPERIMENT_FILE = "experiment.yaml"
+
+
+def resolve_policy(policy: str) -> tuple[str, Path | None]:
+    """(the policy to serve, the run folder it belongs to or None).
+
+    `policy` is a policy folder (config.json + weights, e.g. ``runs/demo/learner/policy/v9``, a
+    published version), a run folder (its newest published version under learner/policy/), or a
+    model name `sinkflex.models.resolve_model` knows (smollm2, a Hugging Face hub id): returned as is.
+
+    Raises:
+        ValueError: a run folder without a published version, or a folder without config.json.
+    """
+    from sinkflex.models import check_model_folder
+
+    path = Path(policy).expanduser()
+    if (path / "learner" / "policy").is_dir():
+        versions = [p for p in (path / "learner" / "policy").iterdir() if p.is_dir() and re.fullmatch(r"v\d+", p.name)]
+        if not versions:
+            raise ValueError(f"run folder {path} has no published policy version under learner/policy/")
+        path = max(versions, key=lambda p: int(p.name[1:]))
+    if not path.exists():
+        return policy, None  # a model name: resolved (or refused) where the services start
+    folder = check_model_folder(path)
+    run_dir = folder.parents[2] if folder.parent.name == "policy" and folder.parent.parent.name == "learner" else None
+    return str(folder), run_dir
+
+
+@app.command("eval")
+def evaluate(
+    policy: str = typer.Option(..., "--policy", "-p",
+                               help="a policy folder (runs/<run>/learner/policy/vN), a run folder (its newest version), "
+                                    "or a model name (smollm2, a hub id)"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                          help=f"experiment YAML (default: the policy's run folder's {EXPERIMENT_FILE})"),
+    overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="FIELD=VALUE",
+                                                  help="override one field, dotted.field=value (as for train); repeatable"),
+    split: Optional[str] = typer.Option(None, "--split", help="task split to score (default: task.eval_split)"),
+    num_tasks: Optional[int] = typer.Option(None, "--num-tasks", min=0, help="the first N tasks of the split; 0: all "
+                                                                                  "(default: validation.num_tasks)"),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, help="samples per task (default: validation.trials)"),
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0,
+                                                help="sampling temperature (default: validation.temperature)"),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o",
+                                              help="where to write (default: <run>/eval/<version>-<split> for a run's "
+                                                   "policy, else runs/eval/<name>-<split>)"),
+) -> None:
+    """Scores one policy alone on a task split.
+
+    As validation does during training: starts the env, reward and rollout services (vLLM serving the policy; no learner), samples
+    --trials episodes of every task of the split and writes to the output folder:
+    summary.json (mean@1 with its 95 % Student-t interval over tasks, pass^k for k = 1..trials,
+    per family (τ²-Bench's task purpose) and per task), validation/eval.json, and the
+    trajectories as τ²-Bench's results file validation/tau2/eval.json (`tau2 view --file` opens
+    it). The experiment (task set, rollout limits, services) is the policy's run's
+    experiment.yaml, or --config. Exits 2 on a bad config or policy, 3 when a launched service dies.
+    """
+    import json
+    import time
+
+    import yaml
+    from rich.console import Console
+    from rich.table import Table
+
+    from tau2_adapter.logs import quiet_tau2_logs
+
+    quiet_tau2_logs()
+    from sinkflex.config import ConfigError
+    from sinkflex_rl.clients import connect
+    from sinkflex_rl.config import load_train_config
+    from sinkflex_rl.controller import Controller, validation_dir
+    from sinkflex_rl.launcher import LocalLauncher, ServiceDied
+    from sinkflex_rl.local import external_addresses, launch_local
+
+    console, errors = Console(), Console(stderr=True)
+
+    def fail(text: str, code: int) -> None:
+        errors.print(text, style="red", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code)
+
+    try:
+        served, run_dir = resolve_policy(policy)
+    except ValueError as err:
+        fail(f"--policy: {err}", 2)
+    if config is None:
+        if run_dir is None or not (run_dir / EXPERIMENT_FILE).is_file():
+            fail(f"--config is needed: {policy} is not in a run folder with an {EXPERIMENT_FILE}", 2)
+        config = run_dir / EXPERIMENT_FILE
+    sets = list(overrides or [])
+    try:
+        base = load_train_config(config, sets)
+    except ConfigError as err:
+        fail(str(err), 2)
+    split = split or base.task.eval_split
+    name = Path(served).name if Path(served).exists() else re.sub(r"[^A-Za-z0-9._-]+", "_", served)
+    out = output_dir or ((run_dir / "eval" if run_dir else Path("runs") / "eval") / f"{name}-{split}")
+    sets += [f"models.policy={json.dumps(served)}", f"run.output_dir={json.dumps(str(out))}", "warm_start.enabled=false",
+             f"task.eval_split={json.dumps(split)}"]
+    if base.task.generate is not None and run_dir is not None and (run_dir / "tasks" / "tasks.json").is_file():
+        # the run's generated tasks, not a regenerated copy
+        sets += ["task.generate=null", f"task.task_files={json.dumps([*base.task.task_files, str(run_dir / 'tasks')])}"]
+    for field, value in (("num_tasks", num_tasks), ("trials", trials), ("temperature", temperature)):
+        if value is not None:
+            sets.append(f"validation.{field}={value}")
+    try:
+        cfg = load_train_config(config, sets)
+    except ConfigError as err:
+        fail(str(err), 2)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / EXPERIMENT_FILE).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+    t0 = time.time()
+    with LocalLauncher(out) as launcher:
+        try:
+            addresses = external_addresses(cfg) if cfg.services.external() else launch_local(cfg, launcher, learner=False)
+        except ConfigError as err:
+            fail(str(err), 2)
+        except Exception:
+            message = launcher.diagnose()
+            if message is None:
+                raise
+            fail(message, 3)
+        controller = Controller(cfg, connect(addresses, reward=cfg.task.reward_address, learner_required=False),
+                                alive_check=launcher.check_alive)
+        controller.policy_name = served
+        try:
+            controller.check_reward(controller.eval_tasks())
+            version = controller.rollout.status(timeout=60).policy_version
+            controller.validate("eval", version)
+        except ConfigError as err:
+            fail(str(err), 2)
+        except Exception as err:
+            message = str(err) if isinstance(err, ServiceDied) else launcher.diagnose(settle_s=3.0)
+            if message is None:
+                raise
+            fail(message, 3)
+        finally:
+            controller.close()
+    result = json.loads((validation_dir(out) / "eval.json").read_text())
+    keys = ["mean_at_1", "ci_low", "ci_high", *sorted(k for k in result if k.startswith("pass_hat_")), "tasks", "trials",
+            "scored_tasks", "unscored"]
+    summary = {"policy": served, "config": str(config), "env": cfg.task.env, "split": split,
+               "temperature": cfg.validation.temperature, **{k: result[k] for k in keys},
+               "per_family": result["per_purpose"], "per_task": result["per_task"],
+               "tau2_results": result["tau2_results"], "wall_seconds": round(time.time() - t0, 1)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True))
+    table = Table(title=f"{served} on {cfg.task.env}/{split}: {result['tasks']} tasks x {result['trials']} trials")
+    for col in ("family", "tasks", "mean@1 [95% CI]"):
+        table.add_column(col, justify="left" if col == "family" else "right")
+    for family, s in result["per_purpose"].items():
+        table.add_row(family or "(no purpose)", str(s["tasks"]), f"{s['mean_at_1']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
+    table.add_row("all", str(result["tasks"]), f"{result['mean_at_1']:.3f} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]",
+                  style="bold")
+    console.print(table)
+    console.print("  ".join(f"pass^{k[len('pass_hat_'):]} {result[k]:.3f}" for k in keys if k.startswith("pass_hat_")))
+    console.print(f"summary: {out / 'summary.json'}  τ²-Bench results: {result['tau2_results']}")
