@@ -214,9 +214,13 @@ def test_per_purpose_breaks_validation_down_by_task_purpose():
     rewards = {"c1": [1.0, 0.0], "c2": [1.0, 1.0], "s1": [0.0, 0.0], "x": [1.0], "empty": []}
     purpose = {"c1": "Create a task.", "c2": "Create a task.", "s1": "Set a status."}
     out = per_purpose(rewards, purpose)
-    assert out == {"": {"tasks": 1, "mean_at_1": 1.0},  # a task with no known purpose
-                   "Create a task.": {"tasks": 2, "mean_at_1": 0.75},
-                   "Set a status.": {"tasks": 1, "mean_at_1": 0.0}}
+    assert {p: (v["tasks"], v["mean_at_1"]) for p, v in out.items()} == {
+        "": (1, 1.0),  # a task with no known purpose
+        "Create a task.": (2, 0.75), "Set a status.": (1, 0.0)}
+    # each with its 95 % t interval over the family's tasks (zero width for one task)
+    assert (out["Set a status."]["ci_low"], out["Set a status."]["ci_high"]) == (0.0, 0.0)
+    # two task means 0.5 and 1.0: 0.75 ± t(0.975, 1) · 0.25 = 0.75 ± 12.7062 · 0.25
+    assert out["Create a task."]["ci_high"] - 0.75 == pytest.approx(12.7062 * 0.25, rel=1e-4)
     assert list(out) == sorted(out) and per_purpose({}, {}) == {}
 
 
