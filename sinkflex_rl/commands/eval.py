@@ -43,6 +43,48 @@ def resolve_policy(policy: str) -> tuple[str, Path | None]:
     return str(folder), run_dir
 
 
+def evaluate_policy(cfg, clients, policy: str, config: str = "", alive_check=lambda: None) -> dict:
+    """Scores the policy the rollout service serves on cfg.task.eval_split, as a training validation
+    labelled "eval" (`Controller.validate`: <run dir>/validation/eval.json and τ²-Bench's results
+    file validation/tau2/eval.json), and writes <run dir>/summary.json. Closes `clients`.
+
+    Args:
+        cfg: the experiment (run.output_dir: where to write; validation.*: tasks, trials, temperature).
+        clients: `sinkflex_rl.clients.connect(..., learner_required=False)`.
+        policy: the policy's name in the summary and the results file.
+        config: the experiment file's path, recorded in the summary.
+
+    Returns:
+        the summary: policy, config, env, split, temperature, mean_at_1, ci_low, ci_high,
+        pass_hat_1..pass_hat_<trials>, tasks, trials, scored_tasks, unscored, per_family
+        ({purpose: tasks, mean_at_1, ci_low, ci_high}), per_task ({task id: rewards}), tau2_results.
+
+    Raises:
+        ConfigError: the reward service does not know the env or a task (`Controller.check_reward`).
+    """
+    import json
+
+    from sinkflex_rl.controller import Controller, validation_dir
+
+    controller = Controller(cfg, clients, alive_check=alive_check)
+    controller.policy_name = policy
+    try:
+        controller.check_reward(controller.eval_tasks())
+        controller.validate("eval", controller.rollout.status(timeout=60).policy_version)
+    finally:
+        controller.close()
+    out = cfg.run.dir()
+    result = json.loads((validation_dir(out) / "eval.json").read_text())
+    keys = ["mean_at_1", "ci_low", "ci_high", *sorted((k for k in result if k.startswith("pass_hat_")),
+                                                      key=lambda k: int(k.rsplit("_", 1)[1])),
+            "tasks", "trials", "scored_tasks", "unscored"]
+    summary = {"policy": policy, "config": config, "env": cfg.task.env, "split": cfg.task.eval_split,
+               "temperature": cfg.validation.temperature, **{k: result[k] for k in keys},
+               "per_family": result["per_purpose"], "per_task": result["per_task"], "tau2_results": result["tau2_results"]}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 @app.command("eval")
 def evaluate(
     policy: str = typer.Option(..., "--policy", "-p",
@@ -85,7 +127,6 @@ def evaluate(
     from sinkflex.config import ConfigError
     from sinkflex_rl.clients import connect
     from sinkflex_rl.config import load_train_config
-    from sinkflex_rl.controller import Controller, validation_dir
     from sinkflex_rl.launcher import LocalLauncher, ServiceDied
     from sinkflex_rl.local import external_addresses, launch_local
 
@@ -136,13 +177,9 @@ def evaluate(
             if message is None:
                 raise
             fail(message, 3)
-        controller = Controller(cfg, connect(addresses, reward=cfg.task.reward_address, learner_required=False),
-                                alive_check=launcher.check_alive)
-        controller.policy_name = served
+        clients = connect(addresses, reward=cfg.task.reward_address, learner_required=False)
         try:
-            controller.check_reward(controller.eval_tasks())
-            version = controller.rollout.status(timeout=60).policy_version
-            controller.validate("eval", version)
+            summary = evaluate_policy(cfg, clients, served, str(config), alive_check=launcher.check_alive)
         except ConfigError as err:
             fail(str(err), 2)
         except Exception as err:
@@ -150,23 +187,18 @@ def evaluate(
             if message is None:
                 raise
             fail(message, 3)
-        finally:
-            controller.close()
-    result = json.loads((validation_dir(out) / "eval.json").read_text())
-    keys = ["mean_at_1", "ci_low", "ci_high", *sorted(k for k in result if k.startswith("pass_hat_")), "tasks", "trials",
-            "scored_tasks", "unscored"]
-    summary = {"policy": served, "config": str(config), "env": cfg.task.env, "split": split,
-               "temperature": cfg.validation.temperature, **{k: result[k] for k in keys},
-               "per_family": result["per_purpose"], "per_task": result["per_task"],
-               "tau2_results": result["tau2_results"], "wall_seconds": round(time.time() - t0, 1)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True))
+    summary["wall_seconds"] = round(time.time() - t0, 1)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    result = summary
     table = Table(title=f"{served} on {cfg.task.env}/{split}: {result['tasks']} tasks x {result['trials']} trials")
     for col in ("family", "tasks", "mean@1 [95% CI]"):
         table.add_column(col, justify="left" if col == "family" else "right")
-    for family, s in result["per_purpose"].items():
+    for family, s in result["per_family"].items():
         table.add_row(family or "(no purpose)", str(s["tasks"]), f"{s['mean_at_1']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
     table.add_row("all", str(result["tasks"]), f"{result['mean_at_1']:.3f} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]",
                   style="bold")
     console.print(table)
-    console.print("  ".join(f"pass^{k[len('pass_hat_'):]} {result[k]:.3f}" for k in keys if k.startswith("pass_hat_")))
-    console.print(f"summary: {out / 'summary.json'}  τ²-Bench results: {result['tau2_results']}")
+    console.print("  ".join([f"mean@1 {result['mean_at_1']:.3f} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]",
+                             *(f"pass^{k[len('pass_hat_'):]} {v:.3f}" for k, v in result.items() if k.startswith("pass_hat_"))]),
+                  soft_wrap=True)
+    console.print(f"summary: {out / 'summary.json'}  τ²-Bench results: {result['tau2_results']}", soft_wrap=True)
