@@ -28,6 +28,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sinkflex.buffer.stream import BufferConnectionError
+from sinkflex.errors import ServiceError
 from sinkflex.retry import poll_until
 from sinkflex.serving import make_channel, wait_for_serving
 
@@ -692,6 +694,16 @@ def python_module(module: str, *args: str) -> list[str]:
 
 #: At most this many in-run recoveries per run (each also needs a restart left, `recover`).
 MAX_RECOVERIES = 64
+#: After a failed call, how long `run_recovering` waits for a process to be found dead or frozen (s):
+#: a client of a killed peer (a learner that loses Redis) may die some seconds after the call failed.
+RECOVER_SETTLE_S = 15.0
+#: Recoveries in a row that restart nothing (`run_recovering` waits for the peers instead).
+MAX_PEER_WAITS = 3
+
+
+def _peer_restarting(err: BaseException) -> bool:
+    """A failure a peer's restart explains: a service UNAVAILABLE / DEADLINE_EXCEEDED, Redis unreachable."""
+    return (isinstance(err, ServiceError) and err.retryable) or isinstance(err, BufferConnectionError)
 
 
 def run_recovering(controller, launcher: LocalLauncher, reconnect, wait_for_peers=None) -> int:
@@ -718,6 +730,7 @@ def run_recovering(controller, launcher: LocalLauncher, reconnect, wait_for_peer
     """
     import json
 
+    waits = 0  # recoveries in a row that restarted nothing (a peer still coming back)
     for _ in range(MAX_RECOVERIES):
         try:
             return controller.run()
@@ -727,14 +740,18 @@ def run_recovering(controller, launcher: LocalLauncher, reconnect, wait_for_peer
             if isinstance(err, (ConfigError, ServiceDied)):  # not a fault, or out of restarts
                 raise
             controller.clients.close()  # cancels the abandoned producer's Rollout stream and polls
-            notes = launcher.recover(settle_s=3.0)
-            if not notes and not isinstance(err, ServiceRestarted):
-                from sinkflex.errors import ServiceError
-
-                restarting = isinstance(err, ServiceError) and err.retryable and not launcher.processes
-                if not (restarting and wait_for_peers is not None and wait_for_peers()):
+            notes = launcher.recover(settle_s=RECOVER_SETTLE_S)
+            if notes or isinstance(err, ServiceRestarted):
+                waits = 0
+            else:
+                # nothing died or froze: a peer that is restarting (its own supervisor's, or a client that
+                # gave up on a restarted Redis) is waited for, a few times in a row at most
+                if not (_peer_restarting(err) and waits < MAX_PEER_WAITS and wait_for_peers is not None
+                        and wait_for_peers()):
                     raise
-                notes = [f"a service did not answer ({err.code.name}); every service SERVING again"]
+                waits += 1
+                what = err.code.name if isinstance(err, ServiceError) else type(err).__name__
+                notes = [f"a call failed ({what}); every service SERVING again"]
             retried = controller.abandon_in_flight()
             record = {"time": time.time(), "error": f"{type(err).__name__}: {str(err).splitlines()[0][:500] if str(err) else ''}",
                       "restarted": notes, "groups_retried": retried}

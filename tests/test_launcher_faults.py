@@ -413,7 +413,7 @@ def test_embedded_redis_keeps_every_answered_write_across_a_sigkill(tmp_path):
     after.close()
 
 
-def test_run_recovering_waits_for_services_that_run_elsewhere(tmp_path):
+def test_run_recovering_waits_for_services_that_run_elsewhere(tmp_path, monkeypatch):
     """Nothing launched here (compose, a cluster): a call that failed UNAVAILABLE is a peer restarting;
     once every service is SERVING again the run is taken up again. A real env server on loopback."""
     import grpc
@@ -429,8 +429,10 @@ def test_run_recovering_waits_for_services_that_run_elsewhere(tmp_path):
                 raise ServiceError(grpc.StatusCode.UNAVAILABLE, "connection refused")
             return 4
 
+    import sinkflex_rl.launcher
     from sinkflex_rl.launcher import free_port
 
+    monkeypatch.setattr(sinkflex_rl.launcher, "RECOVER_SETTLE_S", 0.5)
     port = free_port()
     with LocalLauncher(tmp_path) as servers:
         servers.start_all([ManagedProcess("env", [sys.executable, "-m", "env_service", "--domains", "mock", "--port", str(port),

@@ -148,7 +148,8 @@ class TrajectoryBuffer:
             from `read` to `ack` (one optimiser step), or a slow consumer's group is trained
             twice.
         retry_attempts: attempts per Redis call on connection errors before
-            `BufferConnectionError` (exponential wait 0.1 s .. 2 s between attempts).
+            `BufferConnectionError` (exponential wait 0.1 s .. 2 s between attempts: about 13 s
+            in all with the default 10, longer than the launcher takes to restart a killed embedded Redis).
         put_key_ttl_s: how long `put` remembers a group id, making a retried put a no-op.
         dead_letter_maxlen: approximate cap on the dead-letter stream.
         max_deliveries: an entry delivered more than this many times without being
@@ -180,7 +181,7 @@ class TrajectoryBuffer:
         max_pending_groups: int = 64,
         maxlen: int = 10_000,
         claim_idle_ms: int = 300_000,
-        retry_attempts: int = 5,
+        retry_attempts: int = 10,
         put_key_ttl_s: int = 86_400,
         dead_letter_maxlen: int = 100_000,
         max_deliveries: int = 3,

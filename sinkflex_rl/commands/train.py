@@ -54,12 +54,17 @@ def train(
     quiet_tau2_logs()  # before anything imports tau2 (task generation and the warm start do, here)
     from sinkflex.buffer import TrajectoryBuffer
     from sinkflex.config import ConfigError
-    from sinkflex_rl.launcher import LocalLauncher, ServiceDied, peers_serving, run_recovering
     from sinkflex.reporting import plot_learning_curves, read_metrics, summary_table
     from sinkflex.tracking import open_trackers
-    from sinkflex_rl.config import load_train_config
     from sinkflex_rl.clients import connect
+    from sinkflex_rl.config import load_train_config
     from sinkflex_rl.controller import Controller, paired_difference, read_validations
+    from sinkflex_rl.launcher import (
+        LocalLauncher,
+        ServiceDied,
+        peers_serving,
+        run_recovering,
+    )
     from sinkflex_rl.local import external_addresses, launch_local
 
     console = Console()
@@ -114,7 +119,7 @@ def train(
         controller.metrics.add_trackers(trackers)
         try:
             version = run_recovering(controller, launcher, lambda: connect(addresses, reward=cfg.task.reward_address),
-                                     wait_for_peers=lambda: peers_serving(addresses))
+                                     wait_for_peers=lambda: launcher.diagnose() is None and peers_serving(addresses))
             log.info("done: policy version %d", version)
         except ConfigError as err:  # e.g. the reward service does not know task.env (checked before any rollout)
             controller.close()
