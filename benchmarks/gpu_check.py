@@ -375,7 +375,7 @@ def part_learner(results: dict, layers: int, sizes: list[int], out_dir: Path) ->
     if not dist.is_initialized():  # FSDP2 over NCCL (gloo in the CPU dry run), world size 1
         dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     arch = _learner_arch(layers)
-    root, per_layer = param_counts(arch)
+    root, per_layer, _, _ = param_counts(arch)
     results["learner"] = {"layers": layers, "params_b": (root + sum(per_layer)) / 1e9, "gpus": 1, "runs": {}}
     print(f"  learner: {layers} layers of gpt-oss-20b, {(root + sum(per_layer)) / 1e9:.2f} B parameters", flush=True)
     graphs_before = int(counters["stats"]["unique_graphs"])

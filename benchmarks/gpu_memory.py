@@ -176,6 +176,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "gpu_memory")
     parser.add_argument("--no-trace", action="store_true", help="analytic counts only")
     parser.add_argument("--only", nargs="*", default=None, help="row keys config:tokens:attention to run (default all)")
+    parser.add_argument("--reanalyze", action="store_true", help="recount the analytic columns of the rows on file (no trace)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     import torch
@@ -190,6 +191,20 @@ def main() -> int:
               "transformers": transformers.__version__, "paper": PAPER, "paper_notes": PAPER_NOTES,
               "paper_assumptions": PAPER_ASSUMPTIONS,
               "parts_order": list(PARTS), "rows": []}
+    if args.reanalyze:
+        from learner_service.memory_model import GB, analytic_peak
+
+        record["rows"] = old["rows"]
+        for r, (name, cfg, n, gpus) in zip(record["rows"], [x for x in rows_to_run(args.config)
+                                                              if (x[0], x[2], x[1].model.attn_implementation) in keep]):
+            peak, parts, phase = analytic_peak(cfg.model.arch, n, gpus, r["attention"], cfg.model.gradient_checkpointing)
+            r.update(analytic_peak_gb=round(peak / GB, 3), analytic_phase=phase,
+                     analytic_parts={k: round(v / GB, 3) for k, v in parts.items() if v})
+            if "predicted_peak_gb" in r:
+                r["analytic_vs_traced"] = round(peak / GB / r["predicted_peak_gb"] - 1, 4)
+        out_json.write_text(json.dumps(record, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(markdown(record))
+        return 0
     for name, cfg, n, gpus in rows_to_run(args.config):
         key = (name, n, cfg.model.attn_implementation)
         if args.only is not None and f"{name}:{n}:{key[2]}" not in args.only:

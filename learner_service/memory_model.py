@@ -260,6 +260,7 @@ def _parts_tracker(model, optimizer):
             self.peak_live: dict = {}
             self.peak_phase = "outside"
             self.phase = "outside"
+            self.hooked: set[int] = set()
 
         paused = 0  # > 0: inside DTensor's sharding propagation (`_PropagationUntracked`)
 
@@ -274,9 +275,26 @@ def _parts_tracker(model, optimizer):
             def each_micro_step(*args, **kwargs):  # one forward per micro-step: module stats per call
                 if fsdp_mod is self._root_mod and fsdp_mod in self.memory_tracking and not self._mod_tracker.is_bw:
                     self.reset_mod_stats()
-                return inner(*args, **kwargs)
+                out = inner(*args, **kwargs)
+                self._hook_unsharded_grads(fsdp_mod)
+                return out
 
             return each_micro_step
+
+        def _hook_unsharded_grads(self, fsdp_mod) -> None:
+            """An unsharded parameter's gradient counts as a gradient from the moment autograd
+            writes it (the tracker would call it a temporary until FSDP's post-backward, which
+            for the root unit, lm_head included, is the end of the whole backward)."""
+            group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+            for fsdp_param in group.fsdp_params if group is not None else ():
+                param = fsdp_param.unsharded_param
+                if id(param) not in self.hooked:
+                    self.hooked.add(id(param))
+                    param.register_post_accumulate_grad_hook(self._mark_grad)
+
+        def _mark_grad(self, param) -> None:
+            if param.grad is not None:
+                self._update_and_maybe_create_winfos(param.grad, _FSDPRefType.UNSHARDED_GRAD)
 
         def region(self) -> str:
             parents = self._mod_tracker.parents
@@ -536,18 +554,26 @@ def _phases(learner, tracker) -> None:
 # ------------------------------------------------------------------ the analytic count
 
 
-def param_counts(arch: dict) -> tuple[int, list[int]]:
+def param_counts(arch: dict, gpus: int = 1) -> tuple[int, list[int], int, list[int]]:
     """(parameters of the root FSDP unit: embeddings, final norm, lm_head; [parameters of each
-    decoder layer]) of `arch`, counted on a model built on the meta device (no memory)."""
+    decoder layer]; the root's and [each layer's] per-rank shard sizes over `gpus` ranks, FSDP2's
+    way: every parameter split along dim 0, padded to a multiple of `gpus`), counted on a model
+    built on the meta device (no memory)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     a = dict(arch)
     hf_config = AutoConfig.for_model(a.pop("model_type"), **a)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
+
+    def shard(params) -> int:
+        return sum(-(-p.shape[0] // gpus) * (p.numel() // p.shape[0]) if p.dim() else 1 for p in params)
+
+    layer_ids = {id(p) for layer in model.model.layers for p in layer.parameters()}
+    root_params = [p for p in model.parameters() if id(p) not in layer_ids]
     layers = [sum(p.numel() for p in layer.parameters()) for layer in model.model.layers]
-    total = sum(p.numel() for p in model.parameters())
-    return total - sum(layers), layers
+    layer_shards = [shard(layer.parameters()) for layer in model.model.layers]
+    return sum(p.numel() for p in root_params), layers, shard(root_params), layer_shards
 
 
 def analytic_peak(arch: dict, seq_len: int, gpus: int, attention: str, gradient_checkpointing: bool = True,
@@ -555,9 +581,11 @@ def analytic_peak(arch: dict, seq_len: int, gpus: int, attention: str, gradient_
     """The same step's peak by counting tensors: (peak bytes, {part: bytes}, phase) for one rank.
 
     bf16 weights, gradients and AdamW moments sharded over `gpus` (2 bytes each per parameter
-    / gpus); the root unit (embeddings, lm_head) unsharded through forward and backward (FSDP2
-    keeps the root's parameters after forward), plus two decoder layers' (the one running,
-    the one prefetched); one micro-step of one sequence of N = seq_len tokens. Three candidate
+    / gpus, with FSDP2's padding of dim 0 to a multiple of gpus); the root unit (embeddings,
+    lm_head) unsharded through forward and backward (FSDP2 keeps the root's parameters after
+    forward) and lm_head's gradient unsharded until the root's post-backward; in a layer's
+    backward its unsharded parameters and gradients and two all-gather outputs (its own and the
+    prefetched layer's); one micro-step of one sequence of N = seq_len tokens. Three candidate
     moments, the largest is the peak:
     - "optimizer": the state plus AdamW's for-each temporary (√v, one sharded copy);
     - "logits": backward entering lm_head: logits [N, V] bf16 (kept by the log-prob op), their
@@ -574,8 +602,7 @@ def analytic_peak(arch: dict, seq_len: int, gpus: int, attention: str, gradient_
     Departures: FSDP's padding of sharded dims, the allocator's rounding and the kernels' own
     workspaces are not counted.
     """
-    root, layers = param_counts(arch)
-    total = root + sum(layers)
+    root, layers, root_shard, layer_shards = param_counts(arch, gpus)
     n, b = seq_len, 2
     h = int(arch["hidden_size"])
     v = int(arch["vocab_size"])
@@ -584,7 +611,9 @@ def analytic_peak(arch: dict, seq_len: int, gpus: int, attention: str, gradient_
     k = int(arch.get("num_experts_per_tok", 1))
     inter = int(arch["intermediate_size"])
     s = n * k  # token-expert pairs
-    shard = b * total // gpus
+    shard = b * (root_shard + sum(layer_shards))  # bf16 shards, FSDP2's dim-0 padding included
+    layer_full, layer_padded = b * max(layers), b * gpus * max(layer_shards)
+    head_grad = b * v * h if not arch.get("tie_word_embeddings") else 0  # lm_head's unsharded gradient, kept to the root's post-backward
     static = {"parameters": shard + b * root, "gradients": shard, "optimizer_state": 2 * shard}
     checkpoints = b * n * h * (len(layers) + 1) if gradient_checkpointing else 0
     flow = 2 * b * n * h  # the gradient flowing back through the residual stream, and its sum
@@ -606,12 +635,12 @@ def analytic_peak(arch: dict, seq_len: int, gpus: int, attention: str, gradient_
     moe_moment = norms + attn_saved + moe_saved + moe_grad
     attn_moment = norms // 2 + attn_saved + attn_grad
     layer_attention = attn_saved + (attn_grad if attn_moment >= moe_moment else 0) + masks
-    layer = {**static, "parameters": static["parameters"] + 2 * b * max(layers), "gradients": shard + b * max(layers),
+    layer = {**static, "parameters": static["parameters"] + layer_full, "gradients": shard + head_grad + layer_full,
              "activations": checkpoints + flow + max(attn_moment, moe_moment) - attn_saved - (attn_grad if attn_moment >= moe_moment else 0),
-             "attention": layer_attention}
-    logits = {**static, "gradients": shard + b * v * h, "activations": checkpoints, "attention": masks,
-              "logits": 2 * b * n * v + 2 * 4 * min(chunk, n) * v}
-    optimizer = {**static, "optimizer_state": 3 * shard}
+             "attention": layer_attention, "fsdp_buffers": 2 * layer_padded}
+    logits = {**static, "gradients": shard + head_grad, "activations": checkpoints, "attention": masks,
+              "logits": 2 * b * n * v + 2 * 4 * min(chunk, n) * v, "fsdp_buffers": layer_padded}
+    optimizer = {**static, "optimizer_state": 3 * shard, "parameters": shard}
     phases = {"layer": layer, "logits": logits, "optimizer": optimizer}
     phase = max(phases, key=lambda p: sum(phases[p].values()))
     parts = dict.fromkeys(PARTS, 0)
@@ -619,10 +648,47 @@ def analytic_peak(arch: dict, seq_len: int, gpus: int, attention: str, gradient_
     return sum(parts.values()), parts, phase
 
 
-def plan_row(config: str, cfg: LearnerConfig, seq_len: int, gpus: int, trace: bool = True) -> dict:
-    """One row of the memory table: the traced peak (`trace_step`, unless trace=False) and the
-    analytic count (`analytic_peak`) of cfg's model at seq_len tokens on `gpus` ranks, in GB
-    (1e9 bytes). `config` names the row's configuration."""
+def with_layers(cfg: LearnerConfig, layers: int) -> LearnerConfig:
+    """cfg with its model cut to the first `layers` decoder layers (layer_types cut alike)."""
+    arch = dict(cfg.model.arch or {})
+    arch["num_hidden_layers"] = layers
+    if "layer_types" in arch:
+        arch["layer_types"] = list(arch["layer_types"])[:layers]
+    data = cfg.model_dump()
+    data["model"]["arch"] = arch
+    return LearnerConfig.model_validate(data)
+
+
+def trace_extrapolated(cfg: LearnerConfig, seq_len: int, gpus: int, layers: tuple[int, int]) -> Estimate:
+    """`trace_step` of cfg's model cut to layers[0] and to layers[1] decoder layers, each part
+    extended linearly to the model's full depth L: part(L) = part(a) + (part(b) − part(a)) ·
+    (L − a) / (b − a). Exact when the peak falls at the same moment of both traces and each
+    added layer adds the same bytes (its sharded state and checkpoint): take a, b of the same
+    layer-type pattern (even counts for alternating sliding / full layers).
+
+    Raises:
+        ValueError: layers not a < b < L, or the two traces peak in different phases.
+    """
+    full = int((cfg.model.arch or {}).get("num_hidden_layers", 0))
+    a, b = layers
+    if not 0 < a < b <= full:
+        raise ValueError(f"need 0 < a < b <= {full} layers to extrapolate from, got {layers}")
+    ea, eb = trace_step(with_layers(cfg, a), seq_len, gpus), trace_step(with_layers(cfg, b), seq_len, gpus)
+    if ea.phase != eb.phase:
+        raise ValueError(f"the {a}- and {b}-layer traces peak in different phases ({ea.phase}, {eb.phase}): trace the full model")
+    f = (full - a) / (b - a)
+    parts = {k: round(ea.parts[k] + (eb.parts[k] - ea.parts[k]) * f) for k in ea.parts}
+    cats = {k: round(ea.categories.get(k, 0) + (eb.categories.get(k, 0) - ea.categories.get(k, 0)) * f)
+            for k in set(ea.categories) | set(eb.categories)}
+    assumed = dict(collections.Counter(ea.assumed) + collections.Counter(eb.assumed))
+    return Estimate(sum(parts.values()), parts, cats, eb.phase, assumed, ea.seconds + eb.seconds)
+
+
+def plan_row(config: str, cfg: LearnerConfig, seq_len: int, gpus: int, trace: bool = True,
+             layers_traced: tuple[int, int] | None = None) -> dict:
+    """One row of the memory table: the traced peak (`trace_step`, or `trace_extrapolated` from
+    `layers_traced`; none when trace=False) and the analytic count (`analytic_peak`) of cfg's
+    model at seq_len tokens on `gpus` ranks, in GB (1e9 bytes). `config` names the row."""
     arch = cfg.model.arch or {}
     attention = cfg.model.attn_implementation
     a_peak, a_parts, a_phase = analytic_peak(arch, seq_len, gpus, attention, cfg.model.gradient_checkpointing)
@@ -631,7 +697,9 @@ def plan_row(config: str, cfg: LearnerConfig, seq_len: int, gpus: int, trace: bo
            "analytic_peak_gb": round(a_peak / GB, 3), "analytic_phase": a_phase,
            "analytic_parts": {k: round(v / GB, 3) for k, v in a_parts.items() if v}}
     if trace:
-        est = trace_step(cfg, seq_len, gpus)
+        est = trace_step(cfg, seq_len, gpus) if layers_traced is None else trace_extrapolated(cfg, seq_len, gpus, layers_traced)
+        if layers_traced is not None:
+            row["traced_layers"] = list(layers_traced)
         row.update(predicted_peak_gb=round(est.peak_bytes / GB, 3), phase=est.phase,
                    parts={k: round(v / GB, 3) for k, v in est.parts.items() if v},
                    tracker_categories={k: round(v / GB, 3) for k, v in est.categories.items() if v},

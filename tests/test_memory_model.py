@@ -7,17 +7,12 @@ CPU backward; the fake trace routes it through the flex op)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from learner_service.memory_model import GPT_OSS_20B, analytic_peak, learner_config, trace_step
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 #: gpt-oss-20b's structure (sinks, GQA, alternating sliding / full layers, experts top-4, yarn
 #: RoPE), at toy widths.
@@ -55,17 +50,19 @@ def test_sink_path_traced_through_flex_is_smaller_than_eager_at_long_context():
     assert analytic_peak(SMALL, n, 2, "sinkflex")[1]["attention"] < analytic_peak(SMALL, n, 2, "eager")[1]["attention"] / 10
 
 
-def test_plan_memory_command_on_a_model_config(tmp_path):
+def test_memory_command_on_a_model_config(tmp_path):
+    from typer.testing import CliRunner
+
+    from sinkflex_rl.cli import app
+
     (tmp_path / "config.json").write_text(json.dumps(SMALL))
     out = tmp_path / "plan.json"
-    proc = subprocess.run([sys.executable, "-m", "sinkflex_rl.cli", "memory", "-m", str(tmp_path), "-n", "64",
-                           "-a", "eager", "-a", "sinkflex", "-g", "2", "--gpu-gb", "1", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = CliRunner().invoke(app, ["memory", "-m", str(tmp_path), "-n", "64", "-a", "sinkflex", "-g", "2",
+                                      "--gpu-gb", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["attention"], r["seq_len"], r["gpus"]) for r in rows] == [("eager", 64, 2), ("sinkflex", 64, 2)]
-    assert all(r["predicted_peak_gb"] > 0 and r["analytic_peak_gb"] > 0 for r in rows)
-    assert proc.stdout.count("fits") == 2
-    bad = subprocess.run([sys.executable, "-m", "sinkflex_rl.cli", "memory", "-m", "no-such-model", "--no-trace"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "unknown model" in bad.stderr
+    assert [(r["attention"], r["seq_len"], r["gpus"]) for r in rows] == [("sinkflex", 64, 2)]
+    assert rows[0]["predicted_peak_gb"] > 0 and rows[0]["analytic_peak_gb"] > 0
+    assert "fits" in result.output
+    bad = CliRunner().invoke(app, ["memory", "-m", "no-such-model", "--no-trace"])
+    assert bad.exit_code == 2 and "unknown model" in bad.output
