@@ -496,34 +496,42 @@ every campaign that finished. A short version (one in-run recovery) runs in the 
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 {table}
 
-How it heals (the embedded default; `sinkflex_rl/launcher.py`, `LocalLauncher.recover`): the
-driver checks every launched process (env, reward, rollout, torchrun, the user simulator) and the
-ones it watches (the rollout service's vLLM engine process, the learner's ranks, the embedded
-Redis) whenever it waits. One that died, or has been stopped for over 30 s, abandons the current
-step: the controller's clients are closed (the Rollout stream is cancelled; groups the service
-had published already stay in the stream and are trained, or dropped as stale and counted), the
-launcher restarts the process, as Kubernetes restarts a pod: same command and port, a frozen one
-SIGKILLed first, a dead engine or rank restarting its service, the embedded Redis on the same
-database file and socket; each after a backoff of 1, 2, 4, ... s (at most 30 s), at most
-`local.max_restarts` times per process and run (default 3; `local.restart_services` lists what
-is restarted, default every process). The driver then goes on from the learner's policy version
-(`sinkflex_rl.launcher.run_recovering`): the engine is brought to that version, the cut-off step
-is rolled out again; the restarted learner resumes from its newest complete checkpoint and takes
-back the groups delivered to its previous incarnation first (trained, or dropped because the
-checkpoint records them as trained). Each recovery is a line of the run's `recoveries.jsonl`;
+**How it heals** (the embedded default; `sinkflex_rl/launcher.py`, `LocalLauncher.recover` and
+`run_recovering`): the driver checks every launched process (env, reward, rollout, torchrun, the
+user simulator) and the ones it watches (the rollout service's vLLM engine process, the
+learner's ranks, the embedded Redis) whenever it waits, and after a failed call. One that died,
+or has been stopped for over 30 s, abandons the current step: the controller's clients are
+closed (the Rollout stream is cancelled; groups the service had published already stay in the
+stream and are trained, or dropped as stale and counted), and the launcher restarts the process
+as Kubernetes restarts a pod: same command and port, a frozen one SIGKILLed first, a dead engine
+or rank restarting its service, the embedded Redis on the same database file and socket; each
+after a backoff of 1, 2, 4, ... s (at most 30 s), at most `local.max_restarts` times per process
+and run (default 3; `local.restart_services` lists what is restarted, default every process).
+The driver then goes on from the learner's policy version: the engine is brought to that
+version, the cut-off step is rolled out again (`groups_retried`); the restarted learner resumes
+from its newest complete checkpoint and takes back the groups delivered to its previous
+incarnation first (trained, or dropped because the checkpoint records them as trained). A call
+that failed while nothing is dead (a client that gave up on a restarting peer) is taken up again
+once every service answers SERVING (3 times in a row at most); with services that run elsewhere
+(compose, a cluster) that is the only recovery the driver does, their supervisor restarts them.
+Clients retry idempotent calls with backoff meanwhile (tenacity): the rollout service's
+ScoreBatch (0.5 .. 16 s, 7 tries), every Redis call of the trajectory buffer (10 tries, about
+13 s), the controller's Status polls. Each recovery is a line of the run's `recoveries.jsonl`;
 summary.json counts `recoveries` and `groups_retried`. A process out of restarts, or whose
 restart fails, ends the run with one line naming it, its pid and exit status, exit code 3
-(`stopped.json`; re-run the same command to resume, as before). SIGTERM stays a graceful stop.
-Compose and the chart restart containers and pods themselves (`restart: unless-stopped`,
-liveness probes).
+(`stopped.json`; re-run the same command to resume). SIGTERM stays a graceful stop.
 
-The embedded Redis (`sinkflex/buffer/embedded.py`, `PERSISTENCE`) runs with `appendonly yes` and
-`appendfsync always`: Redis writes and fsyncs each write command to its append-only file before it
-sends the reply. **A kill** (SIGKILL of redis-server): {PERSISTENCE['kill']}. **A power loss**:
-{PERSISTENCE['power_loss']}. `tests/test_launcher_faults.py` checks the kill: 20 groups put, 3
-read, 1 acknowledged, SIGKILL, restart: the stream, the pending entries and the trained set are
-exactly as before, and the server's `appendfsync` is `always` (a power loss cannot be made on
-this machine; the claim rests on that setting and the disk honouring fsync).
+**Redis persistence.** The embedded Redis (`sinkflex/buffer/embedded.py`, `PERSISTENCE`) runs
+with `appendonly yes` and `appendfsync always`: Redis writes and fsyncs each write command to its
+append-only file before it sends the reply. A kill (SIGKILL of redis-server) loses no answered
+write; a restart on the same file replays the AOF. A power loss keeps every answered write as far
+as the disk honours fsync; a write not yet answered may be lost (its client saw an error and
+retries). `tests/test_launcher_faults.py` checks the kill: 20 groups put, 3 read, 1
+acknowledged, SIGKILL, restart: the stream, the pending entries and the trained set are exactly
+as before, and the running server's `appendfsync` is `always` (a power loss cannot be made on this
+machine; that claim rests on the setting). Compose and the chart run `redis-server --appendonly
+yes` with Redis' default `appendfsync everysec`: a kill loses no answered write, a power loss up
+to about a second of writes.
 """
     old = md_path.read_text() if md_path.exists() else "# Reliability\n"
     marker = "\n## "
