@@ -269,7 +269,8 @@ def wait_for_moment(moment: str, run_dir: Path, proc: subprocess.Popen, timeout:
             if len(records) > n_train:
                 latest = _latest_checkpoint(run_dir)
                 step = int(records[-1].get("step", 0))
-                if latest != f"step_{step}":
+                done = re.match(r"step_0*(\d+)", latest)
+                if done is None or int(done.group(1)) < step:
                     return f"learner step {step} done (train record written), newest checkpoint {latest or 'none'}: not acknowledged"
                 n_train = len(records)
         elif moment == "checkpoint":
