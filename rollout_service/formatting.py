@@ -16,8 +16,8 @@ Families (`AgentConfig.tool_format`, `FAMILIES`):
   blocks; ``enable_thinking`` passed to the template (off: its generation prompt already holds
   an empty ``<think></think>`` block). The reasoning the policy writes (``<think>…</think>``)
   stays in the token stream with loss mask 1 (it is the policy's own output) and is never sent
-  to the environment: vLLM's ``qwen3`` reasoning parser splits it off and only the text after
-  it is parsed for calls and sent as the visible reply.
+  to the environment: it is split off at ``</think>`` (`parsers.split_reasoning`) and only the
+  text after it is parsed for calls and sent as the visible reply.
 - ``llama3`` (Llama 3.x JSON tool calling): native ``tools``; a reply that is a bare JSON
   object ``{"name": ..., "parameters": ...}`` (optionally after ``<|python_tag|>``) is a call,
   parsed by vLLM's ``llama3_json`` tool parser; tool results are the template's ``tool``
@@ -44,7 +44,9 @@ family that does not declare a rewrite of past assistant turns (only ``qwen3`` d
 reasoning blocks).
 
 Where vLLM's parsers are used and where not (vllm 0.32 registries):
-- Qwen3 reasoning: vLLM's ``qwen3`` reasoning parser (`ReasoningParserManager`).
+- Qwen3 reasoning: ours (`parsers.split_reasoning`), because vLLM's ``qwen3`` reasoning parser also
+  ends the reasoning at a ``<tool_call>`` written inside it, which would send the rest of the
+  reasoning to the environment (Qwen3's template splits at ``</think>`` only).
 - Llama 3.x calls: vLLM's ``llama3_json`` tool parser (`ToolParserManager`); its arguments are
   ``json.dumps`` of the parsed value (same JSON value, spacing may differ from the ids).
 - Hermes / Qwen3 calls: our `parsers.parse_hermes`, because vLLM's ``hermes`` parser ends a
@@ -227,7 +229,7 @@ class ChatTemplateFormatter:
         if self.family == "llama3":
             return parse_llama3_json(text, self.tok)
         if self.family == "qwen3" and self.enable_thinking:
-            return split_reasoning(text, self.tok)
+            return split_reasoning(text)
         return parse_hermes(text)
 
     def note_calls(self, calls) -> None:

@@ -4,9 +4,9 @@ Formats:
 - Hermes / ChatML (SmolLM2, Qwen, Hermes): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
   blocks anywhere in the reply, any number of them; the text outside the blocks is the
   reply's content.
-- Qwen3 with thinking (`split_reasoning`): vLLM's ``qwen3`` reasoning parser splits the
-  ``<think>…</think>`` reasoning off (`ParsedTurn.reasoning`, never content); the rest is
-  parsed as Hermes. A reply that ends inside its reasoning has no content and no calls.
+- Qwen3 with thinking (`split_reasoning`): the ``<think>…</think>`` reasoning is split off at
+  the last ``</think>`` (`ParsedTurn.reasoning`, never content); the rest is parsed as Hermes.
+  A reply that ends inside its reasoning has no content and no calls.
 - Llama 3.x JSON (`parse_llama3_json`): a reply that is a bare JSON object (optionally after
   ``<|python_tag|>``) is parsed by vLLM's ``llama3_json`` tool parser (its arguments are
   ``json.dumps`` of the value, ``ensure_ascii=False``); any other reply is plain content.
@@ -217,37 +217,36 @@ def parse_hermes(text: str) -> ParsedTurn:
 
 
 @lru_cache(maxsize=8)
-def _vllm_reasoning_parser(name: str, tokenizer):
-    from vllm.reasoning import ReasoningParserManager
-
-    return ReasoningParserManager.get_reasoning_parser(name)(tokenizer)
-
-
-@lru_cache(maxsize=8)
 def _vllm_tool_parser(name: str, tokenizer):
     from vllm.tool_parsers import ToolParserManager
 
     return ToolParserManager.get_tool_parser(name)(tokenizer)
 
 
-def split_reasoning(text: str, tokenizer) -> ParsedTurn:
-    """Parses a Qwen3 thinking-mode reply: vLLM's ``qwen3`` reasoning parser takes the reasoning
-    (``<think>…</think>``; all of the reply when ``</think>`` never comes), the rest is parsed as
-    Hermes (`parse_hermes`).
+def split_reasoning(text: str) -> ParsedTurn:
+    """Parses a Qwen3 thinking-mode reply: the reasoning is everything before the last ``</think>``
+    (its ``<think>`` dropped), as Qwen3's template splits an assistant message; all of the reply
+    when ``</think>`` never comes. The rest is parsed as Hermes (`parse_hermes`).
+
+    Ours, not vLLM's ``qwen3`` reasoning parser: that one also ends the reasoning at a
+    ``<tool_call>`` written inside it, which would send the rest of the reasoning to the env.
 
     Args:
         text: the decoded reply (special tokens kept, the end-of-turn token removed).
-        tokenizer: the policy's tokenizer (the parser looks up ``<think>``/``</think>``).
 
     Returns:
         ParsedTurn whose `reasoning` is the reasoning text and whose content and calls come
         from the text after it only (on a parse error `content` is that text, not the
-        reasoning); `raw` is the whole reply. Never raises.
+        reasoning; a reply cut inside its reasoning has no content and says so in
+        `parse_error`); `raw` is the whole reply. Never raises.
     """
-    reasoning, content = _vllm_reasoning_parser("qwen3", tokenizer).extract_reasoning(text, None)
-    if content is None or not content.strip():
-        why = "" if "</think>" in text else "the reply ended inside its reasoning (no </think>)"
-        return ParsedTurn(content=None, parse_error=why, raw=text, reasoning=reasoning)
+    head, sep, content = text.rpartition("</think>")
+    if not sep:
+        return ParsedTurn(content=None, parse_error="the reply ended inside its reasoning (no </think>)", raw=text,
+                          reasoning=text.split("<think>", 1)[-1])
+    reasoning = head.split("<think>", 1)[-1]
+    if not content.strip():
+        return ParsedTurn(content=None, raw=text, reasoning=reasoning)
     parsed = parse_hermes(content.lstrip("\n"))
     return ParsedTurn(content=parsed.content, calls=parsed.calls, parse_error=parsed.parse_error, raw=text,
                       reasoning=reasoning)

@@ -2,10 +2,8 @@
 top-k / top-p are vLLM's processed log-probs (renormalised over the kept tokens).
 
 Unit level: `picked_logprobs(top_k=, top_p=)` against vLLM's own masking function
-(`apply_top_k_top_p_pytorch` + log-softmax) and a float64 gradient check. End to end: the tiny
-Qwen3 served by vLLM CPU samples with temperature 0.8, top_p 0.9, top_k 20; the learner's first
-step on those trajectories (old log-probs from the engine) has ratio 1 within the measured
-engine/learner mismatch, while the full-vocabulary log-probs would be far off."""
+(`apply_top_k_top_p_pytorch` + log-softmax) and a float64 gradient check. End to end (vLLM CPU
+and the learner): tests/test_families_chat.py::test_engine_and_learner_agree_at_step_0_under_top_p_top_k."""
 
 from __future__ import annotations
 
@@ -56,3 +54,4 @@ def test_truncated_logprobs_gradient():
     with torch.no_grad():  # a picked target outside its row's kept set is kept: finite log-prob
         out = torch.nonzero(~keep[2])[0, 0]
         assert math.isfinite(float(picked_logprobs(z, torch.tensor([2]), out[None], 0.7, top_k=10, top_p=0.8)[0][0]))
+
