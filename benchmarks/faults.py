@@ -94,7 +94,7 @@ def tiny_config(run_dir: Path, policy: str, steps: int = 3, user_sim: bool = Fal
         "local": {"ready_timeout_s": 900, "learner_stop_grace_s": 120, "max_restarts": 12},
         "env_service": {"domains": ["mock"]},
         "rollout_service": {"engine": {"kv_cache_gib": 0.5, "max_model_len": 4096}},
-        "learner": {"optim": {"lr": 1.0e-4}, "batch": {"micro_batch_size": 1}, "model": {"gradient_checkpointing": False}},
+        "learner_service": {"optim": {"lr": 1.0e-4}, "batch": {"micro_batch_size": 1}, "model": {"gradient_checkpointing": False}},
     }
     if user_sim:
         cfg["task"]["solo_mode"] = False
@@ -208,7 +208,7 @@ def check_invariants(run_dir: Path, steps: int, group_size: int) -> dict:
 def _rollout_address(run_dir: Path) -> str | None:
     import yaml
 
-    path = run_dir / "configs" / "learner.yaml"
+    path = run_dir / "configs" / "learner_service.yaml"
     if not path.exists():
         return None
     return (yaml.safe_load(path.read_text()) or {}).get("rollout_address") or None

@@ -45,7 +45,7 @@ GPU_CHECK_LAYERS = 12
 
 def rows_to_run(config_path: Path):
     exp = yaml.safe_load(config_path.read_text())
-    learner = dict(exp["learner"])
+    learner = dict(exp["learner_service"])
     learner["model"] = {**learner.get("model", {}), "arch": GPT_OSS_20B}
     base = LearnerConfig.model_validate(learner)
     gpus = int(exp["local"]["learner_procs"])

@@ -34,12 +34,12 @@ Environment:
     SINKFLEX_RUN_DIR         run folder (default: the experiment's run.output_dir)
     SINKFLEX_CONFIG_DIR      where the derived configs are written (default /tmp/sinkflex)
     SINKFLEX_MAX_STALENESS   the experiment's rollout.max_staleness (0 synchronous, k >= 1
-                             asynchronous rollouts, docs/async.md); learner.max_staleness and
+                             asynchronous rollouts, docs/async.md); learner_service.max_staleness and
                              rollout_service.weight_updates follow from it (sinkflex_rl/config.py)
     SINKFLEX_TASKS_PER_STEP  the experiment's task.tasks_per_step (groups per RL step; the
                              learner's batch.groups_per_step follows from it)
                              Both: empty = the experiment's (after the overrides); set in
-                             SINKFLEX_CONFIG_OVERRIDES too, they must agree.
+                             SINKFLEX_CONFIG_OVERRIDES too: an error (set one).
 
 `--dry-run` (first argument after SERVICE) prints the command and the config path as JSON
 instead of starting the service.
@@ -62,7 +62,7 @@ COMMANDS = {
     # is the OpenAI-compatible server `vllm serve` starts, in both builds.
     "user-sim": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"],
 }
-SECTIONS = {"env": "env_service", "reward": "reward_service", "rollout": "rollout_service", "learner": "learner"}
+SECTIONS = {"env": "env_service", "reward": "reward_service", "rollout": "rollout_service", "learner": "learner_service"}
 #: Environment variables setting one experiment field each (compose's and the chart's values).
 SHAPE_VARIABLES = {"SINKFLEX_MAX_STALENESS": ("rollout", "max_staleness"),
                    "SINKFLEX_TASKS_PER_STEP": ("task", "tasks_per_step")}
@@ -118,11 +118,10 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
             value = int(raw)
         except ValueError:
             raise ValueError(f"{var} must be an integer (the experiment's {section}.{key}), got {raw!r}") from None
-        given = (patch.get(section) or {}).get(key) if isinstance(patch.get(section), dict) else None
-        if given is not None and given != value:
-            raise ValueError(f"{var} ({value}) and SINKFLEX_CONFIG_OVERRIDES' {section}.{key} ({given}) disagree: set one")
+        if isinstance(patch.get(section), dict) and key in patch[section]:
+            raise ValueError(f"{var} and SINKFLEX_CONFIG_OVERRIDES' {section}.{key} both set {section}.{key}: set one")
         shape.setdefault(section, {})[key] = value
-    if shape:  # sinkflex_rl.config's checks (learner.max_staleness, weight_updates, groups_per_step, ...) apply
+    if shape:  # the derived fields (learner_service.max_staleness, weight_updates, groups_per_step) follow
         data = merge_dicts(data, shape)
         cfg = validate_config(data, TrainConfig, source=f"{source} + {', '.join(v for v in SHAPE_VARIABLES if environ.get(v, '').strip())}")
     if environ.get("SINKFLEX_RUN_DIR"):

@@ -181,12 +181,11 @@ class BufferConfig(StrictModel):
     """Acknowledged groups kept in the stream as history; older ones are deleted at ack."""
 
 
-class WarmStartConfig(StrictModel):
-    """Supervised warm start on demonstrations before GRPO (learner_service/sft.py)."""
+class SFTConfig(StrictModel):
+    """How the supervised warm start trains (learner_service/sft.py): the one definition of its
+    hyperparameters, used by the learner's `WarmStartConfig` and the experiment's `warm_start`
+    section (sinkflex_rl/config.py)."""
 
-    demonstrations: str | None = None
-    """File of length-delimited TrajectoryGroups (written by the driver from golden actions);
-    None: no warm start. Trained once, when the learner starts at policy version 0."""
     epochs: int = Field(2, ge=1)
     lr: float = Field(1e-4, gt=0)
     """AdamW learning rate of the warm start (its own optimiser; the GRPO one is untouched)."""
@@ -197,6 +196,14 @@ class WarmStartConfig(StrictModel):
     weight_decay: float = Field(0.0, ge=0)
     batch_size: int = Field(8, ge=1)
     """Demonstrations per optimiser step (split into micro-batches of batch.micro_batch_size)."""
+
+
+class WarmStartConfig(SFTConfig):
+    """Supervised warm start on demonstrations before GRPO (learner_service/sft.py)."""
+
+    demonstrations: str | None = None
+    """File of length-delimited TrajectoryGroups (written by the driver from golden actions);
+    None: no warm start. Trained once, when the learner starts at policy version 0."""
 
 
 class LearnerConfig(StrictModel):

@@ -1,17 +1,23 @@
 """`TrainConfig`: the whole experiment in one YAML file, validated on load.
 
 The file has job-level sections (`run`, `task`, `rollout`, `validation`, `models`,
-`services`, `local`, `logging`) and one section per service whose fields are that service's own
-config model (`env_service` → `EnvServiceConfig`, `reward_service` →
-`RewardServiceConfig`, `rollout_service` → `RolloutConfig`, `learner` → `LearnerConfig`).
-Fields the job derives (model paths, the sampling temperature the learner must use,
-groups per learner step, addresses) are filled in by `service_configs()`; setting them to
-something inconsistent is an error that names the field.
+`services`, `local`, `warm_start`, `logging`) and one section per service, each named
+``<service>_service``, whose fields are that service's own config model (`env_service` →
+`EnvServiceConfig`, `reward_service` → `RewardServiceConfig`, `rollout_service` →
+`RolloutConfig`, `learner_service` → `LearnerConfig`).
 
-On load each service section is validated into its class at once: `cfg.learner` is a
-`LearnerConfig` (the file's section merged over what the job derives, `LAUNCH` where only the
+Each fact is written in one place. What a service needs from the job (the sampling
+temperature, top-p and top-k the learner must use, groups per learner step, the staleness
+bound and the weight-update mode, the warm start, model paths, addresses, the run folder) is
+derived by `service_configs()` and cannot be written in the service's section: `DERIVED` lists
+those fields with the job field each comes from, and a section that writes one is an error
+naming both (the experiment schema leaves them out too). A section written under an old name
+(`learner`) is an error naming the new one (`RENAMED_SECTIONS`).
+
+On load each service section is validated into its class at once: `cfg.learner_service` is a
+`LearnerConfig` (the file's section merged with what the job derives, `LAUNCH` where only the
 start knows the value: the prepared model folder, ports, the Redis URL), and a bad field is
-reported as ``learner.optim.lr`` before anything starts. At launch `service_configs()` merges
+reported as ``learner_service.optim.lr`` before anything starts. At launch `service_configs()` merges
 the same sections (`TrainConfig.section`, as written) over the real values. `model_dump` writes
 the sections as written, so a dumped experiment loads back to the same experiment.
 """
@@ -25,16 +31,53 @@ from typing import Any, Literal, Optional, Union
 from pydantic import Field, PrivateAttr, ValidationError, field_serializer, field_validator, model_validator
 
 from env_service.config import EnvServiceConfig
-from learner_service.config import LearnerConfig
+from learner_service.config import LearnerConfig, SFTConfig
 from reward_service.config import RewardServiceConfig
 from rollout_service.config import RolloutConfig
-from sinkflex.config import ConfigError, StrictModel, describe_errors, load_config, located, merge_dicts, printable
+from sinkflex.config import ConfigError, StrictModel, describe_errors, load_config, located, merge_dicts
 from sinkflex.tracking import ReportingConfig
 
 #: The experiment's service sections, each typed with that service's own config class.
-SERVICE_SECTIONS = ("env_service", "reward_service", "rollout_service", "learner")
+SERVICE_SECTIONS = ("env_service", "reward_service", "rollout_service", "learner_service")
 _SECTION_CLASSES = {"env_service": EnvServiceConfig, "reward_service": RewardServiceConfig,
-                    "rollout_service": RolloutConfig, "learner": LearnerConfig}
+                    "rollout_service": RolloutConfig, "learner_service": LearnerConfig}
+#: Old section names -> the current ones (a file that uses an old name gets an error naming the new one).
+RENAMED_SECTIONS = {"learner": "learner_service"}
+#: The service fields the job derives (`service_configs`), by section, each with where the fact is
+#: written instead. A service section may not write them: one fact, one place.
+DERIVED: dict[str, dict[str, str]] = {
+    "rollout_service": {
+        "engine.model": "models.policy",
+        "engine.seed": "run.seed",
+        "agent.temperature": "rollout.temperature",
+        "agent.top_p": "rollout.top_p",
+        "agent.top_k": "rollout.top_k",
+        "agent.max_turns": "rollout.max_turns",
+        "agent.max_context_tokens": "rollout.max_context_tokens",
+        "agent.max_new_tokens": "rollout.max_new_tokens",
+        "weight_updates": "rollout.max_staleness",
+        "env_address": "services.env_address (or the local launch)",
+        "reward_address": "task.reward_address / services.reward_address (or the local launch)",
+        "redis_url": "services.redis_url (or the local launch)",
+        "policy_root": "run.output_dir (<run folder>/learner/policy)",
+        "envs.*.reward": "task.reward",
+        "envs.*.reward_address": "task.reward_address",
+        "envs.*.text_ends_episode": "task.text_ends_episode",
+    },
+    "learner_service": {
+        "run_dir": "run.output_dir (<run folder>/learner)",
+        "model.path": "models.policy",
+        "grpo.temperature": "rollout.temperature",
+        "grpo.top_p": "rollout.top_p",
+        "grpo.top_k": "rollout.top_k",
+        "batch.groups_per_step": "task.tasks_per_step",
+        "buffer.url": "services.redis_url (or the local launch)",
+        "rollout_address": "services.rollout_address (or the local launch)",
+        "max_staleness": "rollout.max_staleness",
+        "publish_every": "the controller (1: it waits for every policy version to be served)",
+        "warm_start": "the warm_start section",
+    },
+}
 #: What a resolved service config holds where the value is known only when the job starts
 #: (prepared model folders, free ports, the Redis URL): `TrainConfig`'s service sections and
 #: `sinkflex-rl config show --services`.
@@ -116,20 +159,22 @@ class GenerateConfig(StrictModel):
     seed: int = 0
 
 
-class WarmStartSettings(StrictModel):
+class WarmStartSettings(SFTConfig):
     """Supervised warm start from the train split's golden actions, before GRPO (sinkflex_rl/warm_start.py,
-    learner_service/sft.py). Its result is published as policy version 1; RL step N gives version N + 1."""
+    learner_service/sft.py). Its result is published as policy version 1; RL step N gives version N + 1.
+    The training fields are the learner's own (`learner_service.config.SFTConfig`); the driver
+    adds the demonstration file (the learner's warm_start.demonstrations) at launch."""
 
     enabled: bool = False
-    demonstrations: int = Field(0, ge=0)
+    tasks: int = Field(0, ge=0)
     """Train tasks to demonstrate (the first N of the seeded shuffled train split); 0: all."""
-    epochs: int = Field(2, ge=1)
-    lr: float = Field(1e-4, gt=0)
-    eps: float = Field(1e-8, gt=0)
-    """AdamW ε of the warm start's own optimiser (learner.optim.eps is the GRPO one's)."""
-    batch_size: int = Field(8, ge=1)
-    """Demonstrations per optimiser step."""
-    warmup_steps: int = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "demonstrations" in data:
+            raise ValueError("warm_start.demonstrations (a number of train tasks) is now warm_start.tasks")
+        return data
 
 
 class RolloutSettings(StrictModel):
@@ -141,10 +186,10 @@ class RolloutSettings(StrictModel):
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling (Qwen3's thinking mode: 0.95); the learner applies the same mask to its
     log-probs (learner_service.logprobs), so the GRPO ratio stays unbiased. Filled into
-    learner.grpo.top_p and rollout_service.agent.top_p."""
+    learner_service.grpo.top_p and rollout_service.agent.top_p."""
     top_k: int = Field(0, ge=0)
     """Top-k sampling, 0: none (Qwen3: 20); applied by the learner as by the engine. Filled into
-    learner.grpo.top_k and rollout_service.agent.top_k."""
+    learner_service.grpo.top_k and rollout_service.agent.top_k."""
     max_new_tokens: int = Field(128, ge=1)
     max_turns: int = Field(4, ge=1)
     max_context_tokens: int = Field(8192, ge=64)
@@ -156,7 +201,7 @@ class RolloutSettings(StrictModel):
     rollouts of step s start once version (s − 1 − k) is served, so the engine keeps producing
     while the learner trains; weight updates land between turns (per-turn versions record it)
     and the learner drops (and counts) any group older than its version − k. Filled into
-    learner.max_staleness and rollout_service.weight_updates."""
+    learner_service.max_staleness and rollout_service.weight_updates."""
 
 
 class ValidationConfig(StrictModel):
@@ -324,7 +369,7 @@ class TrainConfig(StrictModel):
     rollout_service: Optional[RolloutConfig] = None
     """The rollout service's `RolloutConfig` (rollout_service/config.py), resolved the same way;
     engine.model is the policy."""
-    learner: Optional[LearnerConfig] = None
+    learner_service: Optional[LearnerConfig] = None
     """The learner's `LearnerConfig` (learner_service/config.py), resolved the same way; model.path
     is the policy."""
 
@@ -372,15 +417,19 @@ class TrainConfig(StrictModel):
         # a job section written as null or left empty (`run:`) means its defaults, as a service one does
         data = {k: v for k, v in data.items() if not (v is None and k in cls.model_fields)}
         raw: dict[str, dict[str, Any]] = {}
-        shape_errors: list[dict[str, Any]] = []  # service sections that are not mappings
+        shape_errors: list[dict[str, Any]] = []  # old section names, sections that are not mappings, derived fields
+        for old, new in RENAMED_SECTIONS.items():
+            if old in data:
+                shape_errors.append(_error((old,), data.pop(old), f"the section '{old}' is now '{new}': rename it"))
         for name in SERVICE_SECTIONS:
             section = data.pop(name, None)
             if section is None:
                 section = {}
             if not isinstance(section, dict):
-                shape_errors.append({"type": "value_error", "loc": (name,), "input": section, "ctx": {"error": ValueError(
-                    f"must be a mapping of {_SECTION_CLASSES[name].__name__} fields, not {type(section).__name__}")}})
+                shape_errors.append(_error((name,), section, f"must be a mapping of {_SECTION_CLASSES[name].__name__} fields, "
+                                                              f"not {type(section).__name__}"))
                 section = {}
+            shape_errors += _derived_written(name, section)
             raw[name] = section
         try:
             base = handler(data)
@@ -406,56 +455,19 @@ class TrainConfig(StrictModel):
         return self._sections.get(name, {})
 
     def _check_sections(self) -> None:
-        """The rules between a service section and the job sections: a field the job derives may be
-        written in the section only with the value the job would give it.
+        """The rules between a service section and the job sections that are not copies of a fact
+        (those cannot be written twice: `DERIVED`).
 
         Raises:
-            ValueError: naming both fields.
+            ValueError: naming the fields.
         """
-        learner, rollout = self.learner, self.rollout_service
-        if learner.grpo.temperature != self.rollout.temperature:
-            raise ValueError(f"learner.grpo.temperature ({learner.grpo.temperature}) must equal rollout.temperature "
-                             f"({self.rollout.temperature}): the learner's log-probs must be under the distribution the "
-                             "engine sampled from")
-        for name in ("top_p", "top_k"):
-            if getattr(learner.grpo, name) != getattr(self.rollout, name):
-                raise ValueError(f"learner.grpo.{name} ({getattr(learner.grpo, name)}) must equal rollout.{name} "
-                                 f"({getattr(self.rollout, name)}): the learner's log-probs must be under the distribution "
-                                 "the engine sampled from")
-        if learner.batch.groups_per_step != self.task.tasks_per_step:
-            raise ValueError(f"learner.batch.groups_per_step ({learner.batch.groups_per_step}) must equal "
-                             f"task.tasks_per_step ({self.task.tasks_per_step})")
-        if learner.max_staleness != self.rollout.max_staleness:
-            raise ValueError(f"learner.max_staleness ({learner.max_staleness}) must equal rollout.max_staleness "
-                             f"({self.rollout.max_staleness}): set it in the rollout section")
-        if rollout.weight_updates != weight_updates(self.rollout.max_staleness):
-            raise ValueError(f"rollout_service.weight_updates ({rollout.weight_updates!r}) must be "
-                             f"{weight_updates(self.rollout.max_staleness)!r} with rollout.max_staleness "
-                             f"{self.rollout.max_staleness}: set rollout.max_staleness instead")
-        if self.rollout.max_staleness and learner.grpo.old_logprobs == "recompute":
-            raise ValueError("learner.grpo.old_logprobs 'recompute' takes π_old from the learner's current weights, which "
-                             "ignores that asynchronous rollouts (rollout.max_staleness >= 1) were sampled by an older "
+        if self.rollout.max_staleness and self.learner_service.grpo.old_logprobs == "recompute":
+            raise ValueError("learner_service.grpo.old_logprobs 'recompute' takes π_old from the learner's current weights, "
+                             "which ignores that asynchronous rollouts (rollout.max_staleness >= 1) were sampled by an older "
                              "policy: use 'engine' (the sampling log-probs the trajectories carry, docs/async.md)")
-        if learner.publish_every != 1:
-            raise ValueError(f"learner.publish_every ({learner.publish_every}) must be 1: the controller waits for every "
-                             "policy version to be served by the rollout engine")
-        written_run_dir = self.section("learner").get("run_dir")
-        if written_run_dir is not None and Path(learner.run_dir).resolve() != (self.run.dir() / "learner").resolve():
-            raise ValueError(f"learner.run_dir ('{printable(str(written_run_dir)[:200])}') must be <run folder>/learner "
-                             f"({str(self.run.dir() / 'learner')!r}): the driver resumes from and reports the learner's "
-                             "checkpoints and metrics there; set run.output_dir instead")
-        if self.warm_start.enabled and self.section("learner").get("warm_start"):
-            raise ValueError("set the warm start in the warm_start section, not in learner.warm_start (the driver fills it in)")
         if self.services.env_only() and self.section("env_service"):
             raise ValueError("env_service configures the local env service, but services.env_address names a running env "
                              "server (nothing is launched for it)")
-        route = rollout.envs.get(self.task.env)
-        if route is not None:
-            for key in ("reward", "reward_address", "text_ends_episode"):
-                value = getattr(self.task, key)
-                if getattr(route, key) != value:
-                    raise ValueError(f"rollout_service.envs.{self.task.env}.{key} ({getattr(route, key)!r}) must equal "
-                                     f"task.{key} ({value!r}): set it in the task section")
 
     def launches_user_sim(self) -> bool:
         """The local launch starts a user-simulator model server (not solo, models.user_simulator
@@ -466,6 +478,26 @@ class TrainConfig(StrictModel):
         """The local launch needs τ²-Bench's reward service: task.env is scored by it, or the warm
         start builds its demonstrations with it."""
         return self.warm_start.enabled or (self.task.reward == "service" and not self.task.reward_address)
+
+
+def _error(loc: tuple, value: Any, message: str) -> dict[str, Any]:
+    """One pydantic error line (`ValidationError.from_exception_data`) at `loc`."""
+    return {"type": "value_error", "loc": loc, "input": value, "ctx": {"error": ValueError(message)}}
+
+
+def _derived_written(section: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """An error for each field of `DERIVED[section]` that the service section `data` writes
+    (``*`` in a path matches any key: every env of ``rollout_service.envs``)."""
+    errors = []
+    for dotted, source in DERIVED.get(section, {}).items():
+        nodes: list[tuple[tuple[str, ...], Any]] = [((), data)]
+        for part in dotted.split("."):
+            nodes = [((*loc, k), v[k]) for loc, v in nodes if isinstance(v, dict)
+                     for k in (list(v) if part == "*" else [part]) if k in v]
+        for loc, value in nodes:
+            errors.append(_error((section, *loc), value, f"{section}.{'.'.join(loc)} is derived from {source}: "
+                                                           "set it there, not in the service section"))
+    return errors
 
 
 def weight_updates(max_staleness: int) -> str:
@@ -481,14 +513,17 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
 
     Args:
         task_files: the experiment's task folders (default: task.task_files).
-        demonstrations: the warm start's demonstration file (learner.warm_start.demonstrations).
+        demonstrations: the warm start's demonstration file (learner_service.warm_start.demonstrations).
         raise_located: raise the first bad section's pydantic `ValidationError`, located under
             the section's name (what `TrainConfig` validation reports), instead of a ConfigError.
 
     Returns {"env_service": EnvServiceConfig, "reward_service": RewardServiceConfig,
-    "rollout_service": RolloutConfig, "learner": LearnerConfig}; without "env_service" when the
+    "rollout_service": RolloutConfig, "learner_service": LearnerConfig}; without "env_service" when the
     env runs already (services.env_address only), and without "reward_service" when nothing
     launched locally uses it (`TrainConfig.uses_local_reward_service`).
+
+    The fields of `DERIVED` come from the job (a section cannot write them, `TrainConfig`
+    checks at load); the others are the section's, over the defaults given here.
 
     Raises:
         ConfigError: a service section has a bad field (named as `<section>.<field>`).
@@ -536,14 +571,14 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
             "optim": {"total_steps": cfg.run.steps},
             "rollout_address": addresses["rollout"],
             "max_staleness": cfg.rollout.max_staleness,
+            "publish_every": 1,
         },
-        cfg.section("learner"),
+        cfg.section("learner_service"),
     )
     if cfg.warm_start.enabled:
-        w = cfg.warm_start
-        learner = merge_dicts(learner, {"warm_start": {"demonstrations": demonstrations, "epochs": w.epochs, "lr": w.lr, "eps": w.eps,
-                                                       "batch_size": w.batch_size, "warmup_steps": w.warmup_steps}})
-    sections = {"rollout_service": rollout, "learner": learner}
+        sft = cfg.warm_start.model_dump(include=set(SFTConfig.model_fields))
+        learner = merge_dicts(learner, {"warm_start": {**sft, "demonstrations": demonstrations}})
+    sections = {"rollout_service": rollout, "learner_service": learner}
     if not cfg.services.env_only():
         sections["env_service"] = env
     if cfg.services.external() or cfg.uses_local_reward_service():
@@ -579,32 +614,32 @@ def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainC
     return load_config(path, TrainConfig, overrides=overrides)
 
 
-#: Fields of a service config that the job always fills in (`service_configs`): required by the
-#: service's class, never by the experiment file's section.
-_DERIVED_REQUIRED = {"rollout_service": ["engine", "engine.model"], "learner": ["model"]}
-
-
 def experiment_schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of an experiment file: `TrainConfig`, with each service
-    section (env_service, reward_service, rollout_service, learner) described by that service's
-    own config class, less the fields the job fills in (model paths, addresses, ...). A file
-    valid under it can still fail `load_train_config` on a rule between fields (e.g.
-    learner.grpo.temperature must equal rollout.temperature).
+    section (env_service, reward_service, rollout_service, learner_service) described by that
+    service's own config class, less the fields the job derives (`DERIVED`: model paths,
+    addresses, sampling settings, ...), which a section may not write. A file valid under it can
+    still fail `load_train_config` on a rule between fields (e.g. learner_service.grpo.old_logprobs
+    'recompute' with rollout.max_staleness >= 1).
     """
     schema = TrainConfig.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     for section, model in [("env_service", EnvServiceConfig), ("reward_service", RewardServiceConfig),
-                           ("rollout_service", RolloutConfig), ("learner", LearnerConfig)]:
+                           ("rollout_service", RolloutConfig), ("learner_service", LearnerConfig)]:
         # the section's own $defs live under it; its $refs point there (valid JSON pointers)
         sub = model.model_json_schema(ref_template=f"#/properties/{section}/$defs/{{model}}")
-        for dotted in _DERIVED_REQUIRED.get(section, []):
+        for dotted in DERIVED.get(section, {}):
+            if "*" in dotted:
+                continue  # under a mapping of any keys (rollout_service.envs): checked at load
             *parents, leaf = dotted.split(".")
             node = sub
-            for name in parents:
-                node = _resolve(sub, node["properties"][name])
-            node["required"] = [r for r in node.get("required", []) if r != leaf]
-            if not node["required"]:
-                del node["required"]
+            for name in [*parents, leaf]:  # the job fills in each level: none is required
+                node["required"] = [r for r in node.get("required", []) if r != name]
+                if not node["required"]:
+                    del node["required"]
+                if name != leaf:
+                    node = _resolve(sub, node["properties"][name])
+            del node["properties"][leaf]
         sub["description"] = (f"{model.__name__} fields ({model.__module__.replace('.', '/')}.py), merged over what "
                               "the job fills in: " + (model.__doc__ or "").strip().splitlines()[0])
         sub["default"] = {}
@@ -687,5 +722,5 @@ def _launch_configs(cfg: TrainConfig) -> dict[str, Any]:
     return service_configs(cfg, **launch_inputs(cfg), raise_located=True)
 
 
-__all__ = ["ConfigError", "LAUNCH", "SERVICE_SECTIONS", "TrainConfig", "demonstrations_path", "experiment_schema",
+__all__ = ["ConfigError", "DERIVED", "LAUNCH", "RENAMED_SECTIONS", "SERVICE_SECTIONS", "TrainConfig", "demonstrations_path", "experiment_schema",
            "launch_inputs", "load_train_config", "service_configs"]

@@ -172,7 +172,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     if demos is not None and not demos.exists() and not _learner_started(run_dir):
         write_demonstrations_for(cfg, policy, addresses, task_files, demos)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={placement.learner_nproc}"]
-    learner = (ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner"]),
+    learner = (ManagedProcess("learner", [*torchrun, "-m", "learner_service", "--config", str(paths["learner_service"]),
                                             "--port", str(ports["learner"]), "--no-metrics"],
                                 health=HEALTH["learner"], address=addresses["learner"],
                                 env={**common_env, **learner_cpu_env(cfg.local, placement.on_gpus), **placement.env("learner")},
@@ -281,7 +281,7 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
     if not ids:
         raise ValueError(f"warm start: no tasks in split {t.train_split!r} of env {t.env!r}")
     random.Random(cfg.run.seed).shuffle(ids)
-    ids = ids[: w.demonstrations] if w.demonstrations else ids
+    ids = ids[: w.tasks] if w.tasks else ids
     tokenizer = AutoTokenizer.from_pretrained(policy)
     rs = cfg.rollout
     with GrpcEnvClient(addresses["env"]) as env, GrpcRewardClient(addresses["reward"]) as reward:

@@ -84,6 +84,6 @@ def test_config_schema_carries_field_docstrings():
     rollout = schema["$defs"]["RolloutSettings"]["properties"]
     assert rollout["max_staleness"]["description"].startswith("k: how many policy versions")
     # a service section's own classes too
-    learner = schema["properties"]["learner"]
-    described = [name for name, p in learner["properties"].items() if p.get("description")]
-    assert len(described) >= len(learner["properties"]) // 2, described
+    grpo = schema["properties"]["learner_service"]["$defs"]["GRPOConfig"]
+    described = [name for name, p in grpo["properties"].items() if p.get("description")]
+    assert len(described) >= len(grpo["properties"]) // 2, described

@@ -58,12 +58,12 @@ def test_set_dotted_rejects_malformed_assignments(assignment, message):
 
 def test_overrides_are_applied_in_order_and_reach_the_derived_service_configs():
     cfg = load_train_config(DEMO, ["rollout.group_size=16", "run.steps=5", "rollout.temperature=0.7", "run.steps=6",
-                                   "learner.optim.lr=3.0e-5", "env_service.max_sessions=7"])
+                                   "learner_service.optim.lr=3.0e-5", "env_service.max_sessions=7"])
     assert cfg.rollout.group_size == 16 and cfg.run.steps == 6  # the later override wins
     assert cfg.task.tasks_per_step == 10 and cfg.warm_start.lr == 2.0e-4  # the file's other values stay
     out = service_configs(cfg, "/m", ADDRS, "redis://x", None)
-    assert out["learner"].optim.total_steps == 6 and out["learner"].optim.lr == 3.0e-5
-    assert out["learner"].grpo.temperature == out["rollout_service"].agent.temperature == 0.7
+    assert out["learner_service"].optim.total_steps == 6 and out["learner_service"].optim.lr == 3.0e-5
+    assert out["learner_service"].grpo.temperature == out["rollout_service"].agent.temperature == 0.7
     assert out["env_service"].max_sessions == 7 and out["env_service"].default_max_steps == 30
 
 
@@ -72,15 +72,15 @@ def test_overrides_are_applied_in_order_and_reach_the_derived_service_configs():
     ("rollout.group_sise=4", "rollout.group_sise: Extra inputs are not permitted"),
     ("run.steps=many", "run.steps: Input should be a valid integer"),
     ("task.order=random", "task.order: Input should be 'shuffled' or 'stratified'"),
-    ("learner.grpo.temperature=0.5", "learner.grpo.temperature (0.5) must equal rollout.temperature (1.0)"),
-    ("learner.optim.lr=-1", "optim.lr: Input should be greater than 0"),  # a service section, checked at load
+    ("learner_service.grpo.temperature=0.5", "learner_service.grpo.temperature is derived from rollout.temperature"),
+    ("learner_service.optim.lr=-1", "optim.lr: Input should be greater than 0"),  # a service section, checked at load
     ("env_service.bogus=1", "bogus: Extra inputs are not permitted"),
     # YAML reads yes/on/true as booleans; pydantic's lax mode would take them as 1 for a number
     ("rollout.group_size=true", "rollout.group_size: Value error, expected a number, got the boolean true"),
-    ("learner.optim.lr=yes", "learner.optim.lr: Value error, expected a number, got the boolean true"),
+    ("learner_service.optim.lr=yes", "learner_service.optim.lr: Value error, expected a number, got the boolean true"),
     ("rollout_service.engine.kv_cache_gib=off", "rollout_service.engine.kv_cache_gib: Value error, expected a number, got the boolean false"),
     # infinity would pass gt=0 and dump as null (config show's output would not load back)
-    ("learner.optim.lr=.inf", "learner.optim.lr: Input should be a finite number"),
+    ("learner_service.optim.lr=.inf", "learner_service.optim.lr: Input should be a finite number"),
     ("rollout.temperature=.nan", "rollout.temperature: Input should be a finite number"),
     ("local.gpus=[true,false]", "local.gpus: Value error, a GPU id is a CUDA device index (0, 1, ...) or a UUID string, not True"),
     ("local.gpus=[-1]", "local.gpus: Value error, a GPU id is a CUDA device index (0, 1, ...) or a UUID string, not -1"),
@@ -111,9 +111,9 @@ def test_train_prints_errors_as_written_on_stderr(tmp_path):
 
 
 def test_booleans_still_set_boolean_fields():
-    cfg = load_train_config(DEMO, ["env_service.reward_on_termination=true", "learner.model.gradient_checkpointing=off"])
+    cfg = load_train_config(DEMO, ["env_service.reward_on_termination=true", "learner_service.model.gradient_checkpointing=off"])
     assert cfg.section("env_service")["reward_on_termination"] is True
-    assert cfg.section("learner")["model"]["gradient_checkpointing"] is False
+    assert cfg.section("learner_service")["model"]["gradient_checkpointing"] is False
 
 
 def test_an_override_fails_exactly_like_the_same_field_in_the_file(tmp_path):
@@ -147,7 +147,7 @@ def test_config_show_prints_the_resolved_experiment_which_reloads_to_the_same_co
     assert shown["rollout"]["group_size"] == 4 and shown["validation"]["trials"] == 3
     assert shown["run"]["step_timeout_s"] == 3600.0 and shown["local"]["max_restarts"] == 3  # defaults filled in
     assert shown["task"]["generate"] == {"domain": "mock", "kind": "solo", "train": 256, "test": 64, "seed": 0}
-    assert shown["learner"] == {"optim": {"lr": 2.0e-5, "eps": 1.0e-5, "scheduler": "linear", "warmup_steps": 0},
+    assert shown["learner_service"] == {"optim": {"lr": 2.0e-5, "eps": 1.0e-5, "scheduler": "linear", "warmup_steps": 0},
                                 "batch": {"micro_batch_size": 80, "shared_prefix_across_groups": True},
                                 "grpo": {"beta": 0.0}}  # service sections as written
     again = tmp_path / "shown.yaml"
@@ -170,8 +170,8 @@ def test_config_show_services_gives_each_launched_services_config():
     result = _cli("config", "show", "-c", str(DEMO), "--services", "--set", "rollout.temperature=0.8", "--set", "run.steps=5")
     assert result.exit_code == 0, result.output
     shown = yaml.safe_load(result.stdout)
-    assert list(shown) == ["env_service", "reward_service", "rollout_service", "learner"]
-    env, rollout, learner = shown["env_service"], shown["rollout_service"], shown["learner"]
+    assert list(shown) == ["env_service", "reward_service", "rollout_service", "learner_service"]
+    env, rollout, learner = shown["env_service"], shown["rollout_service"], shown["learner_service"]
     assert env["domains"] == ["mock"] and env["default_max_steps"] == 30 and env["reward_on_termination"] is False
     assert env["task_files"] == {"mock": ["runs/demo/tasks"]}  # the generated task set
     assert env["user_base_url"] is None  # solo mode: no user simulator, no user endpoint
@@ -211,7 +211,7 @@ def test_config_schema_is_a_valid_json_schema_every_shipped_config_satisfies():
     assert schema == experiment_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     assert set(schema["properties"]) == set(TrainConfig.model_fields)
-    assert schema["properties"]["learner"]["$defs"]["OptimConfig"]["properties"]["lr"]["exclusiveMinimum"] == 0
+    assert schema["properties"]["learner_service"]["$defs"]["OptimConfig"]["properties"]["lr"]["exclusiveMinimum"] == 0
     for path in CONFIGS:
         assert _errors(yaml.safe_load(path.read_text())) == [], path.name
     assert _errors({}) == []  # every section has defaults; the job fills in model paths and addresses
@@ -223,8 +223,10 @@ def test_config_schema_rejects_bad_fields_in_every_kind_of_section():
         ({"rollout": {"group_size": 0}}, ["rollout", "group_size"], "minimum"),
         ({"run": {"stepz": 3}}, ["run"], "additionalProperties"),
         ({"task": {"order": "random"}}, ["task", "order"], "enum"),
-        ({"learner": {"optim": {"lr": -1}}}, ["learner", "optim", "lr"], "exclusiveMinimum"),
-        ({"learner": {"grpo": {"bogus": 1}}}, ["learner", "grpo"], "additionalProperties"),
+        ({"learner_service": {"optim": {"lr": -1}}}, ["learner_service", "optim", "lr"], "exclusiveMinimum"),
+        ({"learner_service": {"grpo": {"bogus": 1}}}, ["learner_service", "grpo"], "additionalProperties"),
+        # a field the job derives is not in a service section's schema: written there, it is refused
+        ({"learner_service": {"grpo": {"temperature": 1.0}}}, ["learner_service", "grpo"], "additionalProperties"),
         ({"rollout_service": {"agent": {"tool_format": "xml"}}}, ["rollout_service", "agent", "tool_format"], "enum"),
         ({"env_service": {"max_sessions": 0}}, ["env_service", "max_sessions"], "minimum"),
         ({"reward_service": {"judge": {"base_url": "http://x"}}}, ["reward_service", "judge"], "anyOf"),  # judge.model missing

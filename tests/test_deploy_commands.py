@@ -103,7 +103,7 @@ def test_overrides_and_errors(script, experiment, tmp_path):
     from sinkflex.config import ConfigError, load_config
 
     environ = deploy_environ(experiment, tmp_path, SINKFLEX_CONFIG_OVERRIDES=json.dumps(
-        {"run": {"steps": 9}, "learner": {"optim": {"lr": 3e-6}}}))
+        {"run": {"steps": 9}, "learner_service": {"optim": {"lr": 3e-6}}}))
     _, path = script.derive("learner", environ)
     learner = load_config(path, LearnerConfig)
     assert learner.optim.lr == 3e-6 and learner.optim.total_steps == 9

@@ -197,7 +197,7 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
         assert specs[name].env == {**redis, **engine}
     port = specs["learner"].address.rsplit(":", 1)[1]
     assert specs["learner"].argv == [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                                     "-m", "learner_service", "--config", str(cfgs / "learner.yaml"), "--port", port,
+                                     "-m", "learner_service", "--config", str(cfgs / "learner_service.yaml"), "--port", port,
                                      "--no-metrics"]
     assert specs["learner"].env == {**redis, **learner_cpu_env(cfg.local, on_gpus=False)}
     if config == "retail.yaml":

@@ -52,7 +52,7 @@ def test_experiment_routes_its_env(tmp_path):
     addrs = {**ADDRS, "env": cfg.services.env_address, "reward": ""}
     out = service_configs(cfg, "/m", addrs, "redis://x", None)
     # a running env server and the env's own reward: neither an env service nor a reward service is launched
-    assert set(out) == {"rollout_service", "learner"}
+    assert set(out) == {"rollout_service", "learner_service"}
     rollout = out["rollout_service"]
     assert rollout.env_address == "127.0.0.1:50061" and rollout.reward_address is None
     assert rollout.route("bookshop") == EnvRoute(reward="env", text_ends_episode=True)
@@ -76,7 +76,7 @@ def test_experiment_routes_its_env(tmp_path):
 @pytest.mark.parametrize("patch, message", [
     ({"task": {"reward": "env", "reward_address": "h:1"}}, "task.reward_address is set, but task.reward is 'env'"),
     ({"rollout_service": {"envs": {"bookshop": {"reward": "service"}}}},
-     "rollout_service.envs.bookshop.reward ('service') must equal task.reward ('env')"),
+     "rollout_service.envs.bookshop.reward is derived from task.reward"),
     ({"task": {"generate": {"domain": "mock"}, "env": "mock"}}, "task.generate writes tasks for the local env service"),
     ({"env_service": {"domains": ["mock"]}}, "env_service configures the local env service"),
     ({"services": {"reward_address": "h:2"}}, "missing: rollout_address, learner_address"),

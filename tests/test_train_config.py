@@ -16,7 +16,7 @@ ADDRS = {"env": "127.0.0.1:1", "reward": "127.0.0.1:2", "rollout": "127.0.0.1:3"
 def test_shipped_configs_derive_every_service_config(name):
     cfg = load_train_config(ROOT / "configs" / f"{name}.yaml")
     out = service_configs(cfg, "/models/policy", ADDRS, "redis://127.0.0.1:6379/0", "http://127.0.0.1:8000/v1")
-    learner, rollout = out["learner"], out["rollout_service"]
+    learner, rollout = out["learner_service"], out["rollout_service"]
     # what the job derives: the learner's log-probs use the engine's temperature, one group per task
     assert learner.grpo.temperature == cfg.rollout.temperature
     assert learner.batch.groups_per_step == cfg.task.tasks_per_step
@@ -30,7 +30,7 @@ def test_shipped_configs_derive_every_service_config(name):
 def test_max_staleness_reaches_the_learner_and_the_rollout_service():
     cfg = load_train_config(ROOT / "configs" / "demo.yaml", ["rollout.max_staleness=2"])
     out = service_configs(cfg, "/models/policy", ADDRS, "redis://127.0.0.1:6379/0", None)
-    assert out["learner"].max_staleness == 2 and out["rollout_service"].weight_updates == "between_turns"
+    assert out["learner_service"].max_staleness == 2 and out["rollout_service"].weight_updates == "between_turns"
 
 
 def _write(tmp_path, data):
@@ -44,14 +44,22 @@ def _write(tmp_path, data):
     [
         ({"rollout": {"group_size": 0}}, "rollout.group_size"),
         ({"run": {"stepz": 3}}, "run.stepz: Extra inputs are not permitted"),
-        ({"learner": {"grpo": {"temperature": 0.7}}}, "learner.grpo.temperature (0.7) must equal rollout.temperature"),
-        ({"learner": {"batch": {"groups_per_step": 9}}}, "must equal task.tasks_per_step"),
+        # a fact the job derives cannot be written a second time in a service section
+        ({"learner_service": {"grpo": {"temperature": 1.0}}},
+         "learner_service.grpo.temperature: Value error, learner_service.grpo.temperature is derived from rollout.temperature"),
+        ({"learner_service": {"batch": {"groups_per_step": 9}}}, "batch.groups_per_step is derived from task.tasks_per_step"),
         ({"services": {"env_address": "h:1", "reward_address": "h:2"}}, "missing: rollout_address, learner_address"),
         ({"rollout": {"max_staleness": -1}}, "rollout.max_staleness"),
-        ({"learner": {"max_staleness": 1}}, "learner.max_staleness (1) must equal rollout.max_staleness (0)"),
-        ({"rollout_service": {"weight_updates": "between_turns"}}, "must be 'between_requests' with rollout.max_staleness 0"),
-        ({"learner": {"publish_every": 2}}, "learner.publish_every (2) must be 1"),
-        ({"rollout": {"max_staleness": 1}, "learner": {"grpo": {"old_logprobs": "recompute"}}}, "use 'engine'"),
+        ({"learner_service": {"max_staleness": 0}}, "learner_service.max_staleness is derived from rollout.max_staleness"),
+        ({"rollout_service": {"weight_updates": "between_requests"}},
+         "rollout_service.weight_updates is derived from rollout.max_staleness"),
+        ({"rollout_service": {"agent": {"max_turns": 3}}}, "rollout_service.agent.max_turns is derived from rollout.max_turns"),
+        ({"rollout_service": {"envs": {"retail": {"reward": "env"}}}}, "rollout_service.envs.retail.reward is derived from task.reward"),
+        ({"learner_service": {"publish_every": 2}}, "learner_service.publish_every is derived from the controller"),
+        ({"learner_service": {"warm_start": {"epochs": 3}}}, "learner_service.warm_start is derived from the warm_start section"),
+        ({"learner": {"optim": {"lr": 1e-5}}}, "learner: Value error, the section 'learner' is now 'learner_service'"),
+        ({"warm_start": {"demonstrations": 8}}, "warm_start.demonstrations (a number of train tasks) is now warm_start.tasks"),
+        ({"rollout": {"max_staleness": 1}, "learner_service": {"grpo": {"old_logprobs": "recompute"}}}, "use 'engine'"),
     ],
 )
 def test_bad_fields_are_named(tmp_path, patch, message):
@@ -64,11 +72,11 @@ def test_bad_service_section_is_named(tmp_path):
     from sinkflex_rl.config import TrainConfig
     from sinkflex.config import validate_config
 
-    path = _write(tmp_path, {"learner": {"grpo": {"beta": -1}}, "env_service": {"max_sessions": 0}})
+    path = _write(tmp_path, {"learner_service": {"grpo": {"beta": -1}}, "env_service": {"max_sessions": 0}})
     with pytest.raises(ConfigError) as err:  # at load: each section is typed by its service's class
         load_train_config(path)
-    assert "  learner.grpo.beta: Input should be greater than or equal to 0" in str(err.value)
-    with pytest.raises(ConfigError, match=r"  learner\.grpo\.beta: Input should be greater"):  # configs built in code too
+    assert "  learner_service.grpo.beta: Input should be greater than or equal to 0" in str(err.value)
+    with pytest.raises(ConfigError, match=r"  learner_service\.grpo\.beta: Input should be greater"):  # configs built in code too
         validate_config(yaml.safe_load(path.read_text()), TrainConfig)
     with pytest.raises(ConfigError, match="env_service: Value error, must be a mapping of EnvServiceConfig fields, not list"):
         validate_config({"env_service": ["mock"]}, TrainConfig)
@@ -83,11 +91,11 @@ def _load_error(path) -> str:
 
 def test_job_and_service_section_errors_are_named_together(tmp_path):
     """A bad job field does not hide a bad service field: one load names both."""
-    path = _write(tmp_path, {"run": {"steps": -3}, "learner": {"optim": {"lr": "fast"}},
+    path = _write(tmp_path, {"run": {"steps": -3}, "learner_service": {"optim": {"lr": "fast"}},
                              "rollout_service": {"engine": {"kv_cache_gib": -1}}})
     text = _load_error(path)
     assert "  run.steps: Input should be greater than or equal to 1" in text
-    assert "  learner.optim.lr: Input should be a valid number" in text
+    assert "  learner_service.optim.lr: Input should be a valid number" in text
     assert "  rollout_service.engine.kv_cache_gib: Input should be greater than 0" in text
     assert "env_service" not in text  # a section the file does not write is not blamed
 
@@ -102,21 +110,21 @@ def test_service_sections_are_typed_and_dump_as_written(tmp_path):
     from rollout_service.config import RolloutConfig
     from sinkflex.config import validate_config
 
-    path = _write(tmp_path, {"learner": {"grpo": {"beta": 0.02}}, "rollout": {"temperature": 0.7}})
+    path = _write(tmp_path, {"learner_service": {"grpo": {"beta": 0.02}}, "rollout": {"temperature": 0.7}})
     cfg = load_train_config(path)
-    assert isinstance(cfg.learner, LearnerConfig) and isinstance(cfg.rollout_service, RolloutConfig)
+    assert isinstance(cfg.learner_service, LearnerConfig) and isinstance(cfg.rollout_service, RolloutConfig)
     assert isinstance(cfg.env_service, EnvServiceConfig)
-    assert cfg.learner.grpo.beta == 0.02 and cfg.learner.grpo.temperature == 0.7  # the file's, and the job's
-    assert cfg.learner.batch.groups_per_step == cfg.task.tasks_per_step
+    assert cfg.learner_service.grpo.beta == 0.02 and cfg.learner_service.grpo.temperature == 0.7  # the file's, and the job's
+    assert cfg.learner_service.batch.groups_per_step == cfg.task.tasks_per_step
     assert cfg.rollout_service.agent.temperature == 0.7 and cfg.rollout_service.engine.model == LAUNCH
-    assert cfg.learner.model.path == LAUNCH and cfg.learner.optim.total_steps == cfg.run.steps
+    assert cfg.learner_service.model.path == LAUNCH and cfg.learner_service.optim.total_steps == cfg.run.steps
     dumped = cfg.model_dump(mode="json")
-    assert dumped["learner"] == cfg.section("learner") and dumped["learner"]["grpo"] == {"beta": 0.02}
-    assert "model" not in dumped["learner"] and "model" not in dumped["rollout_service"]["engine"]  # derived: not written
+    assert dumped["learner_service"] == cfg.section("learner_service") and dumped["learner_service"]["grpo"] == {"beta": 0.02}
+    assert "model" not in dumped["learner_service"] and "model" not in dumped["rollout_service"]["engine"]  # derived: not written
     again = validate_config(dumped, TrainConfig)
     assert again == cfg and again.model_dump(mode="json") == dumped
     launched = service_configs(cfg, "/m", ADDRS, "redis://x", None)  # at launch: the same sections, real values
-    assert launched["learner"].model.path == "/m" and launched["learner"].grpo == cfg.learner.grpo
+    assert launched["learner_service"].model.path == "/m" and launched["learner_service"].grpo == cfg.learner_service.grpo
 
 
 def test_missing_and_non_yaml_files(tmp_path):
@@ -169,7 +177,7 @@ def test_a_bad_service_field_fails_at_load_not_at_launch(tmp_path):
     from sinkflex.config import ConfigError
 
     for section, field, msg in [("env_service", {"bogus_field": 1}, "  env_service.bogus_field: Extra inputs"),
-                                ("learner", {"optim": {"lr": -1}}, "  learner.optim.lr"),
+                                ("learner_service", {"optim": {"lr": -1}}, "  learner_service.optim.lr"),
                                 ("rollout_service", {"agent": {"max_turns": 0}}, "  rollout_service.agent.max_turns")]:
         path = tmp_path / f"{section}.yaml"
         path.write_text(yaml.safe_dump({section: field}))
@@ -234,13 +242,14 @@ def test_duplicate_keys_bad_optimiser_values_and_rules_between_fields_are_clear(
         load_train_config(path)
     demo = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
     for override, message in [
-        ("learner.optim.betas=[0.9, 2]", "  learner.optim.betas: Value error, each of AdamW's betas must be in [0, 1)"),
-        ("learner.optim.scheduler=nosuch", "  learner.optim.scheduler: Input should be 'constant'"),
-        ("learner=5", "\n  learner: Value error, must be a mapping of LearnerConfig fields, not int"),
-        ("rollout.temperature=0.5", "\n  learner.grpo.temperature (1.0) must equal rollout.temperature (0.5)"),
+        ("learner_service.optim.betas=[0.9, 2]", "  learner_service.optim.betas: Value error, each of AdamW's betas must be in [0, 1)"),
+        ("learner_service.optim.scheduler=nosuch", "  learner_service.optim.scheduler: Input should be 'constant'"),
+        ("learner_service=5", "\n  learner_service: Value error, must be a mapping of LearnerConfig fields, not int"),
+        ("learner_service.grpo.temperature=0.5", "\n  learner_service.grpo.temperature: Value error, "
+                                                 "learner_service.grpo.temperature is derived from rollout.temperature"),
     ]:
         with pytest.raises(ConfigError) as err:
-            load_train_config(demo, [override] + (["learner.grpo.temperature=1.0"] if "temperature" in override else []))
+            load_train_config(demo, [override])
         assert message in str(err.value) and "<root>" not in str(err.value), (override, str(err.value))
 
 
@@ -251,18 +260,18 @@ def test_null_sections_non_mapping_sections_and_yaml_floats(tmp_path):
     from sinkflex_rl.config import TrainConfig
 
     empty = tmp_path / "null_sections.yaml"
-    empty.write_text("run:\nlocal: null\nlearner:\n")
+    empty.write_text("run:\nlocal: null\nlearner_service:\n")
     assert load_train_config(empty).run == TrainConfig().run
     bad = tmp_path / "shapes.yaml"
-    bad.write_text("run: [1, 2]\nlearner: [a]\nenv_service: 5\n")
+    bad.write_text("run: [1, 2]\nlearner_service: [a]\nenv_service: 5\n")
     text = _load_error(bad)
     assert "  run: Input should be a valid dictionary" in text
-    assert "  learner: Value error, must be a mapping of LearnerConfig fields, not list" in text
+    assert "  learner_service: Value error, must be a mapping of LearnerConfig fields, not list" in text
     assert "  env_service: Value error, must be a mapping of EnvServiceConfig fields, not int" in text
     floats = tmp_path / "floats.yaml"
-    floats.write_text("learner:\n  optim:\n    lr: 3e-5\n")
-    cfg = load_train_config(floats, ["learner.grpo.clip_eps_low=1e-1"])
-    assert cfg.section("learner")["optim"]["lr"] == 3e-5 and cfg.section("learner")["grpo"]["clip_eps_low"] == 0.1
+    floats.write_text("learner_service:\n  optim:\n    lr: 3e-5\n")
+    cfg = load_train_config(floats, ["learner_service.grpo.clip_eps_low=1e-1"])
+    assert cfg.section("learner_service")["optim"]["lr"] == 3e-5 and cfg.section("learner_service")["grpo"]["clip_eps_low"] == 0.1
 
 
 def test_error_messages_are_bounded(tmp_path):
@@ -286,9 +295,9 @@ def test_run_name_is_one_folder_name(tmp_path, name):
 
 @pytest.mark.parametrize(("override", "line"), [
     ("rollout.group_sise=4", "rollout.group_sise: Extra inputs are not permitted (did you mean 'group_size'?)"),
-    ("learner.optim.lrr=1e-5", "learner.optim.lrr: Extra inputs are not permitted (did you mean 'lr'?)"),
+    ("learner_service.optim.lrr=1e-5", "learner_service.optim.lrr: Extra inputs are not permitted (did you mean 'lr'?)"),
     ("rollout_service.engine.dtyp=auto", "rollout_service.engine.dtyp: Extra inputs are not permitted (did you mean 'dtype'?)"),
-    ("learenr.optim.lr=1e-5", "learenr: Extra inputs are not permitted (did you mean 'learner'?)"),
+    ("learner_servce.optim.lr=1e-5", "learner_servce: Extra inputs are not permitted (did you mean 'learner_service'?)"),
     ("zzz=1", "zzz: Extra inputs are not permitted\n"),  # nothing close: no suggestion
     # the exact name at another place beats a close one here
     ("rollout.tool_format=qwen3", "rollout.tool_format: Extra inputs are not permitted ('tool_format' is a field of rollout_service.agent)"),
@@ -327,12 +336,11 @@ def test_config_errors_escape_control_characters_and_bound_the_overrides(tmp_pat
         load_train_config(ROOT / "configs" / "demo.yaml", overrides=["local.gpus[0]=3"])
 
 
-def test_learner_run_dir_must_be_the_run_folders(tmp_path):
-    """learner.run_dir is where the driver resumes from and reads the learner's metrics: another
-    value is refused, naming both (a silently ignored or misplaced learner folder otherwise)."""
-    with pytest.raises(ConfigError, match=r"learner\.run_dir \('/tmp/elsewhere'\) must be <run folder>/learner"):
-        load_train_config(ROOT / "configs" / "demo.yaml", overrides=["learner.run_dir=/tmp/elsewhere"])
+def test_learner_run_dir_is_the_run_folders(tmp_path):
+    """learner_service.run_dir is where the driver resumes from and reads the learner's metrics:
+    derived from the run folder, and not writable in the section (naming where it comes from)."""
+    with pytest.raises(ConfigError, match=r"learner_service\.run_dir is derived from run\.output_dir"):
+        load_train_config(ROOT / "configs" / "demo.yaml", overrides=["learner_service.run_dir=/tmp/elsewhere"])
     out = tmp_path / "run"
-    cfg = load_train_config(ROOT / "configs" / "demo.yaml",
-                            overrides=[f"run.output_dir={out}", f"learner.run_dir={out / 'learner'}"])
-    assert cfg.learner.run_dir == str(out / "learner")
+    cfg = load_train_config(ROOT / "configs" / "demo.yaml", overrides=[f"run.output_dir={out}"])
+    assert cfg.learner_service.run_dir == str(out / "learner")

@@ -38,7 +38,7 @@ def _config(run_dir: Path, policy: Path) -> dict:
         "local": {"ready_timeout_s": 600, "learner_stop_grace_s": 300},
         "env_service": {"domains": ["mock"]},
         "rollout_service": {"engine": {"kv_cache_gib": 0.5, "max_model_len": 4096}},
-        "learner": {"optim": {"lr": 1.0e-4}, "batch": {"micro_batch_size": 1}, "model": {"gradient_checkpointing": False}},
+        "learner_service": {"optim": {"lr": 1.0e-4}, "batch": {"micro_batch_size": 1}, "model": {"gradient_checkpointing": False}},
     }
 
 

@@ -31,10 +31,10 @@ def test_generate_warm_start_and_one_rl_step(tmp_path, smollm2_dir):
         "rollout": {"group_size": 2, "temperature": 1.0, "max_new_tokens": 48, "max_turns": 3, "max_context_tokens": 2048},
         "validation": {"every_steps": 1, "num_tasks": 4, "trials": 1},
         "models": {"policy": str(smollm2_dir), "user_simulator": None},
-        "warm_start": {"enabled": True, "demonstrations": 4, "epochs": 1, "lr": 1.0e-4, "batch_size": 4},
+        "warm_start": {"enabled": True, "tasks": 4, "epochs": 1, "lr": 1.0e-4, "batch_size": 4},
         "local": {"ready_timeout_s": 600},
         "rollout_service": {"engine": {"kv_cache_gib": 0.5, "max_model_len": 4096}},
-        "learner": {"optim": {"lr": 1.0e-5}, "batch": {"micro_batch_size": 1}, "model": {"gradient_checkpointing": False}},
+        "learner_service": {"optim": {"lr": 1.0e-5}, "batch": {"micro_batch_size": 1}, "model": {"gradient_checkpointing": False}},
     }
     path = tmp_path / "warm.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -163,12 +163,12 @@ writes them (tests/test_deploy_security.py compares the two). */}}
 
 {{/* The experiment's rollout.max_staleness as this release sets it: maxStaleness, else
 configOverrides' rollout.max_staleness, else "" (the experiment file's, which the chart cannot
-read). Both set and different: fail. */}}
+read). Both set: fail (one value, one place). */}}
 {{- define "sinkflex.maxStaleness" -}}
 {{- $o := dig "rollout" "max_staleness" "" .Values.configOverrides -}}
 {{- if not (kindIs "invalid" .Values.maxStaleness) -}}
-{{- if and (not (kindIs "string" $o)) (ne (int $o) (int .Values.maxStaleness)) -}}
-{{- fail (printf "maxStaleness (%d) and configOverrides.rollout.max_staleness (%d) disagree: set maxStaleness only" (int .Values.maxStaleness) (int $o)) -}}
+{{- if not (kindIs "string" $o) -}}
+{{- fail "maxStaleness and configOverrides.rollout.max_staleness both set rollout.max_staleness: set maxStaleness only" -}}
 {{- end -}}
 {{- int .Values.maxStaleness -}}
 {{- else if not (kindIs "string" $o) -}}
@@ -180,8 +180,8 @@ read). Both set and different: fail. */}}
 {{- define "sinkflex.tasksPerStep" -}}
 {{- $o := dig "task" "tasks_per_step" "" .Values.configOverrides -}}
 {{- if not (kindIs "invalid" .Values.tasksPerStep) -}}
-{{- if and (not (kindIs "string" $o)) (ne (int $o) (int .Values.tasksPerStep)) -}}
-{{- fail (printf "tasksPerStep (%d) and configOverrides.task.tasks_per_step (%d) disagree: set tasksPerStep only" (int .Values.tasksPerStep) (int $o)) -}}
+{{- if not (kindIs "string" $o) -}}
+{{- fail "tasksPerStep and configOverrides.task.tasks_per_step both set task.tasks_per_step: set tasksPerStep only" -}}
 {{- end -}}
 {{- int .Values.tasksPerStep -}}
 {{- else if not (kindIs "string" $o) -}}
@@ -189,31 +189,26 @@ read). Both set and different: fail. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* sinkflex_rl/config.py's checks (TrainConfig._consistent) on what follows from max_staleness and
-tasks_per_step, at render time instead of at the pods' start: configOverrides may not set
-learner.max_staleness, rollout_service.weight_updates or learner.batch.groups_per_step to
-anything else, nor learner.grpo.old_logprobs "recompute" with asynchronous rollouts. */}}
+{{/* sinkflex_rl/config.py's refusals, at render time instead of at the pods' start: configOverrides
+may not write a field the experiment derives (sinkflex_rl.config.DERIVED: learner_service.max_staleness,
+learner_service.batch.groups_per_step, rollout_service.weight_updates; an old section name), nor
+learner_service.grpo.old_logprobs "recompute" with asynchronous rollouts. */}}
 {{- define "sinkflex.checkExperiment" -}}
 {{- $co := .Values.configOverrides -}}
+{{- if hasKey $co "learner" -}}
+{{- fail "configOverrides: the section 'learner' is now 'learner_service': rename it" -}}
+{{- end -}}
+{{- range $path := list (list "learner_service" "max_staleness" "rollout.max_staleness (maxStaleness)") (list "learner_service" "batch.groups_per_step" "task.tasks_per_step (tasksPerStep)") (list "rollout_service" "weight_updates" "rollout.max_staleness (maxStaleness)") -}}
+{{- $node := dig (index $path 0) dict $co -}}
+{{- $keys := splitList "." (index $path 1) -}}
+{{- range $k := initial $keys -}}{{- $node = dig $k dict $node -}}{{- end -}}
+{{- if and (kindIs "map" $node) (hasKey $node (last $keys)) -}}
+{{- fail (printf "configOverrides.%s.%s is derived from %s: set it there, not in the service section" (index $path 0) (index $path 1) (index $path 2)) -}}
+{{- end -}}
+{{- end -}}
 {{- $k := include "sinkflex.maxStaleness" . -}}
-{{- if ne $k "" -}}
-{{- $lk := dig "learner" "max_staleness" "" $co -}}
-{{- if and (not (kindIs "string" $lk)) (ne (int $lk) (atoi $k)) -}}
-{{- fail (printf "configOverrides.learner.max_staleness (%d) must equal rollout.max_staleness (%s): set maxStaleness instead" (int $lk) $k) -}}
-{{- end -}}
-{{- $wu := dig "rollout_service" "weight_updates" "" $co -}}
-{{- $want := ternary "between_requests" "between_turns" (eq $k "0") -}}
-{{- if and (ne (toString $wu) "") (ne (toString $wu) $want) -}}
-{{- fail (printf "configOverrides.rollout_service.weight_updates (%s) must be %s with rollout.max_staleness %s: set maxStaleness instead" (toString $wu) $want $k) -}}
-{{- end -}}
-{{- if and (ne $k "0") (eq (toString (dig "learner" "grpo" "old_logprobs" "" $co)) "recompute") -}}
-{{- fail "configOverrides.learner.grpo.old_logprobs \"recompute\" takes π_old from the learner's current weights, which ignores that asynchronous rollouts (maxStaleness >= 1) were sampled by an older policy: use \"engine\"" -}}
-{{- end -}}
-{{- end -}}
-{{- $n := include "sinkflex.tasksPerStep" . -}}
-{{- $gps := dig "learner" "batch" "groups_per_step" "" $co -}}
-{{- if and (ne $n "") (not (kindIs "string" $gps)) (ne (int $gps) (atoi $n)) -}}
-{{- fail (printf "configOverrides.learner.batch.groups_per_step (%d) must equal task.tasks_per_step (%s)" (int $gps) $n) -}}
+{{- if and (ne $k "") (ne $k "0") (eq (toString (dig "learner_service" "grpo" "old_logprobs" "" $co)) "recompute") -}}
+{{- fail "configOverrides.learner_service.grpo.old_logprobs \"recompute\" takes π_old from the learner's current weights, which ignores that asynchronous rollouts (maxStaleness >= 1) were sampled by an older policy: use \"engine\"" -}}
 {{- end -}}
 {{- end -}}
 
