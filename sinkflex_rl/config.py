@@ -44,7 +44,8 @@ _SECTION_CLASSES = {"env_service": EnvServiceConfig, "reward_service": RewardSer
 #: Old section names -> the current ones (a file that uses an old name gets an error naming the new one).
 RENAMED_SECTIONS = {"learner": "learner_service"}
 #: The service fields the job derives (`service_configs`), by section, each with where the fact is
-#: written instead. A service section may not write them: one fact, one place.
+#: written instead (``<env>``: the experiment's task.env; other envs' routes are the section's). A
+#: service section may not write them: one fact, one place.
 DERIVED: dict[str, dict[str, str]] = {
     "rollout_service": {
         "engine.model": "models.policy",
@@ -60,9 +61,9 @@ DERIVED: dict[str, dict[str, str]] = {
         "reward_address": "task.reward_address / services.reward_address (or the local launch)",
         "redis_url": "services.redis_url (or the local launch)",
         "policy_root": "run.output_dir (<run folder>/learner/policy)",
-        "envs.*.reward": "task.reward",
-        "envs.*.reward_address": "task.reward_address",
-        "envs.*.text_ends_episode": "task.text_ends_episode",
+        "envs.<env>.reward": "task.reward",
+        "envs.<env>.reward_address": "task.reward_address",
+        "envs.<env>.text_ends_episode": "task.text_ends_episode",
     },
     "learner_service": {
         "run_dir": "run.output_dir (<run folder>/learner)",
@@ -429,7 +430,7 @@ class TrainConfig(StrictModel):
                 shape_errors.append(_error((name,), section, f"must be a mapping of {_SECTION_CLASSES[name].__name__} fields, "
                                                               f"not {type(section).__name__}"))
                 section = {}
-            shape_errors += _derived_written(name, section)
+            shape_errors += _derived_written(name, section, _task_env(data))
             raw[name] = section
         try:
             base = handler(data)
@@ -485,16 +486,27 @@ def _error(loc: tuple, value: Any, message: str) -> dict[str, Any]:
     return {"type": "value_error", "loc": loc, "input": value, "ctx": {"error": ValueError(message)}}
 
 
-def _derived_written(section: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+_ABSENT = object()
+
+
+def _task_env(data: dict[str, Any]) -> str:
+    """task.env as the raw experiment `data` sets it (its default when not set)."""
+    task = data.get("task")
+    env = task.get("env") if isinstance(task, dict) else None
+    return env if isinstance(env, str) else TaskConfig.model_fields["env"].default
+
+
+def _derived_written(section: str, data: dict[str, Any], env: str) -> list[dict[str, Any]]:
     """An error for each field of `DERIVED[section]` that the service section `data` writes
-    (``*`` in a path matches any key: every env of ``rollout_service.envs``)."""
+    (``<env>`` in a path is task.env, `env`: the routes of other envs are the
+    section's own)."""
     errors = []
     for dotted, source in DERIVED.get(section, {}).items():
-        nodes: list[tuple[tuple[str, ...], Any]] = [((), data)]
-        for part in dotted.split("."):
-            nodes = [((*loc, k), v[k]) for loc, v in nodes if isinstance(v, dict)
-                     for k in (list(v) if part == "*" else [part]) if k in v]
-        for loc, value in nodes:
+        value: Any = data
+        loc = tuple(env if part == "<env>" else part for part in dotted.split("."))
+        for part in loc:
+            value = value.get(part, _ABSENT) if isinstance(value, dict) else _ABSENT
+        if value is not _ABSENT:
             errors.append(_error((section, *loc), value, f"{section}.{'.'.join(loc)} is derived from {source}: "
                                                            "set it there, not in the service section"))
     return errors
@@ -629,8 +641,8 @@ def experiment_schema() -> dict[str, Any]:
         # the section's own $defs live under it; its $refs point there (valid JSON pointers)
         sub = model.model_json_schema(ref_template=f"#/properties/{section}/$defs/{{model}}")
         for dotted in DERIVED.get(section, {}):
-            if "*" in dotted:
-                continue  # under a mapping of any keys (rollout_service.envs): checked at load
+            if "<" in dotted:
+                continue  # under a mapping of any keys (rollout_service.envs.<env>): checked at load
             *parents, leaf = dotted.split(".")
             node = sub
             for name in [*parents, leaf]:  # the job fills in each level: none is required

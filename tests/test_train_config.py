@@ -54,7 +54,7 @@ def _write(tmp_path, data):
         ({"rollout_service": {"weight_updates": "between_requests"}},
          "rollout_service.weight_updates is derived from rollout.max_staleness"),
         ({"rollout_service": {"agent": {"max_turns": 3}}}, "rollout_service.agent.max_turns is derived from rollout.max_turns"),
-        ({"rollout_service": {"envs": {"retail": {"reward": "env"}}}}, "rollout_service.envs.retail.reward is derived from task.reward"),
+        ({"rollout_service": {"envs": {"mock": {"reward": "env"}}}}, "rollout_service.envs.mock.reward is derived from task.reward"),
         ({"learner_service": {"publish_every": 2}}, "learner_service.publish_every is derived from the controller"),
         ({"learner_service": {"warm_start": {"epochs": 3}}}, "learner_service.warm_start is derived from the warm_start section"),
         ({"learner": {"optim": {"lr": 1e-5}}}, "learner: Value error, the section 'learner' is now 'learner_service'"),

@@ -134,10 +134,10 @@ def _experiment(run_dir: Path, policy: Path, env_address: str, env: str, task: s
         "models": {"policy": str(policy), "user_simulator": None},
         "services": {"env_address": env_address},
         "local": {"ready_timeout_s": 600, "learner_stop_grace_s": 120},
-        # the rollout service is launched once for both envs: each has its route
+        # the rollout service is launched once for both envs: the other env's route (task.env's is derived from task)
         "rollout_service": {"engine": {"kv_cache_gib": 0.5, "max_model_len": 2048},
-                            "envs": {e: {"reward": "env", "text_ends_episode": True} for e in ("bookshop", "clinic")}},
-        "learner": {"optim": {"lr": 1.0e-5, "total_steps": 2}, "batch": {"micro_batch_size": 1},
+                            "envs": {e: {"reward": "env", "text_ends_episode": True} for e in ("bookshop", "clinic") if e != env}},
+        "learner_service": {"optim": {"lr": 1.0e-5, "total_steps": 2}, "batch": {"micro_batch_size": 1},
                     "model": {"gradient_checkpointing": False}, "checkpoint_every": 2},  # one checkpoint, at the end
     }
 
