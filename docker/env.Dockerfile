@@ -14,19 +14,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
     SINKFLEX_GRPC_PORT=50051
 RUN python3 -m venv /opt/venv
 
-# OCI image annotations (https://github.com/opencontainers/image-spec/blob/main/annotations.md);
-# VERSION is pyproject's version, REVISION / CREATED are set by the build
-# (--build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)).
-ARG VERSION=0.1.0
-ARG REVISION=""
-ARG CREATED=""
-LABEL org.opencontainers.image.title="sinkflex-env" \
-      org.opencontainers.image.description="SinkFlex-RL env service: tau2-Bench domains behind Gymnasium over gRPC" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.created="${CREATED}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.vendor="SinkFlex-RL"
 WORKDIR /app
 # Dependencies first (cached until pyproject.toml changes): the env subset of pyproject's pins.
 COPY pyproject.toml docker/requirements.py /tmp/build/
@@ -50,6 +37,22 @@ RUN pip install --no-deps . && rm -rf build /tmp/build
 
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex
 USER 10001:10001
+
+# OCI image annotations (https://github.com/opencontainers/image-spec/blob/main/annotations.md),
+# last: a changed build argument invalidates the cache of every RUN after its ARG, and
+# CREATED changes on every build;
+# VERSION is pyproject's version, REVISION / CREATED are set by the build
+# (--build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)).
+ARG VERSION=0.1.0
+ARG REVISION=""
+ARG CREATED=""
+LABEL org.opencontainers.image.title="sinkflex-env" \
+      org.opencontainers.image.description="SinkFlex-RL env service: tau2-Bench domains behind Gymnasium over gRPC" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="SinkFlex-RL"
 
 EXPOSE 50051 9091
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \

@@ -49,19 +49,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     SINKFLEX_CACHE=/opt/sinkflex-cache \
     SINKFLEX_CONFIG=configs/retail.yaml \
     SINKFLEX_GRPC_PORT=50053
-# OCI image annotations (https://github.com/opencontainers/image-spec/blob/main/annotations.md);
-# VERSION is pyproject's version, REVISION / CREATED are set by the build
-# (--build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)).
-ARG VERSION=0.1.0
-ARG REVISION=""
-ARG CREATED=""
-LABEL org.opencontainers.image.title="sinkflex-rollout" \
-      org.opencontainers.image.description="SinkFlex-RL rollout service: the multi-turn agent loop on vLLM over gRPC" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.created="${CREATED}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.vendor="SinkFlex-RL"
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protos ./protos
@@ -85,6 +72,22 @@ RUN sinkflex-rl models prepare smollm2
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex \
  && mkdir -p /models /data && chown 10001:10001 /models /data
 USER 10001:10001
+
+# OCI image annotations (https://github.com/opencontainers/image-spec/blob/main/annotations.md),
+# last: a changed build argument invalidates the cache of every RUN after its ARG, and
+# CREATED changes on every build;
+# VERSION is pyproject's version, REVISION / CREATED are set by the build
+# (--build-arg REVISION=$(git rev-parse HEAD) --build-arg CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)).
+ARG VERSION=0.1.0
+ARG REVISION=""
+ARG CREATED=""
+LABEL org.opencontainers.image.title="sinkflex-rollout" \
+      org.opencontainers.image.description="SinkFlex-RL rollout service: the multi-turn agent loop on vLLM over gRPC" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="SinkFlex-RL"
 
 EXPOSE 50053 9093
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \

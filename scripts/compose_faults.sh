@@ -19,11 +19,11 @@ REDIS_AFTER=${2:-2}
 ROLLOUT_AFTER=${3:-6}
 DELAY=${4:-20}
 PROJECT=${PROJECT:-sinkflex}
-METRICS=$(podman volume inspect --format '{{.Mountpoint}}' "${PROJECT}_data")/run/metrics.jsonl
-
-trained_steps() {
-  [ -f "$METRICS" ] || { echo 0; return; }
-  grep -c '"kind": "train"' "$METRICS" || true
+trained_steps() {  # RL steps in the run folder's metrics (0 before the volume or file exists)
+  local volume
+  volume=$(podman volume inspect --format '{{.Mountpoint}}' "${PROJECT}_data" 2>/dev/null) || { echo 0; return; }
+  [ -f "$volume/run/metrics.jsonl" ] || { echo 0; return; }
+  grep -c '"kind": "train"' "$volume/run/metrics.jsonl" || true
 }
 
 container() {  # service -> container id
