@@ -17,6 +17,7 @@ is. A process out of restarts, or whose restart fails, ends the run with one lin
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sinkflex.buffer.stream import BufferConnectionError
+from sinkflex.config import ConfigError
 from sinkflex.errors import ServiceError
 from sinkflex.retry import poll_until
 from sinkflex.serving import make_channel, wait_for_serving
@@ -319,8 +321,6 @@ class LocalLauncher:
 
     def write_pids(self) -> Path:
         """Writes `pids()` to <run_dir>/pids.json (for fault injection and operators)."""
-        import json
-
         path = self.run_dir / "pids.json"
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.pids(), indent=1) + "\n")
@@ -728,15 +728,11 @@ def run_recovering(controller, launcher: LocalLauncher, reconnect, wait_for_peer
         the controller's exception: when nothing had died or frozen (not a fault this heals), or
             after `MAX_RECOVERIES` recoveries.
     """
-    import json
-
     waits = 0  # recoveries in a row that restarted nothing (a peer still coming back)
     for _ in range(MAX_RECOVERIES):
         try:
             return controller.run()
         except Exception as err:  # noqa: BLE001 - recovered, or raised again below
-            from sinkflex.config import ConfigError
-
             if isinstance(err, (ConfigError, ServiceDied)):  # not a fault, or out of restarts
                 raise
             controller.clients.close()  # cancels the abandoned producer's Rollout stream and polls
