@@ -96,25 +96,48 @@ def test_blockwise_matches_reference_float64(window, tile):
 def test_sdpa_route_matches_reference_float64(monkeypatch, pad_budget, P, lengths):
     """Every SDPA form of the suffixes (one call per suffix; buckets of similar length; one
     padded batched call) is exact, outputs in suffix order whatever the buckets."""
-    from sinkflex.attention import hf
-    from sinkflex.attention.hf import _sdpa_shared_prefix
+    from sinkflex.attention import sdpa
+    from sinkflex.attention.sdpa import sdpa_shared_prefix_attention
 
-    monkeypatch.setattr(hf, "_PAD_BUDGET", pad_budget)
+    monkeypatch.setattr(sdpa, "_PAD_BUDGET", pad_budget)
     N = P + sum(lengths)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, h, N, 8, dtype=torch.float64, generator=g, requires_grad=True) for h in (4, 2, 2))
     spec = generate_shared_prefix(_layout(P, lengths))
     ref = reference_sink_attention(q, k, v, None, spec, 0.35)[0]
-    out = _sdpa_shared_prefix(q, k, v, 0.35, spec._cache["shared_prefix"])
+    out = sdpa_shared_prefix_attention(q, k, v, spec, 0.35)
     assert (out - ref).abs().max() <= 1e-12
     g_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
     g_out = torch.autograd.grad(out.square().sum(), (q, k, v))
     assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_out)) <= 1e-12
 
 
+def test_sdpa_causal_matches_reference_and_refuses_what_it_cannot_express():
+    """The SDPA backend's causal form against the reference (float64, GQA); a shared-prefix mask
+    with a window or with padding is refused, not approximated."""
+    from sinkflex.attention import generate_causal
+    from sinkflex.attention.sdpa import sdpa_causal_attention, sdpa_shared_prefix_attention, supports_shared_prefix
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, h, 11, 8, dtype=torch.float64, generator=g, requires_grad=True) for h in (4, 2, 2))
+    ref = reference_sink_attention(q, k, v, None, generate_causal(), 0.3)[0]
+    out = sdpa_causal_attention(q, k, v, 0.3)
+    assert (out - ref).abs().max() <= 1e-12
+    g_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    g_out = torch.autograd.grad(out.square().sum(), (q, k, v))
+    assert max((a - b).abs().max().item() for a, b in zip(g_ref, g_out)) <= 1e-12
+    seg = _layout(3, [2, 4])
+    assert supports_shared_prefix(generate_shared_prefix(seg))
+    padded = torch.cat([seg, torch.full((1, 2), -1)], dim=1)
+    for spec in (generate_shared_prefix(seg, window=2), generate_shared_prefix(padded), generate_causal()):
+        assert not supports_shared_prefix(spec)
+        with pytest.raises(ValueError, match="shared-prefix masks without window or padding"):
+            sdpa_shared_prefix_attention(q[:1], k[:1], v[:1], spec, 0.3)
+
+
 def test_length_buckets():
-    from sinkflex.attention import hf
-    from sinkflex.attention.hf import _length_buckets
+    from sinkflex.attention import sdpa
+    from sinkflex.attention.sdpa import _length_buckets
 
     assert _length_buckets(100, [120, 118, 125, 121]) == [[1, 0, 3, 2]]  # a group: one call
     b = _length_buckets(850, [100, 400, 110, 390, 105, 1200])  # many groups' rollouts
@@ -122,7 +145,7 @@ def test_length_buckets():
     assert b == [[0, 4, 2], [3, 1], [5]]
     for bucket in b:  # padding within each bucket is inside the budget
         n = [[100, 400, 110, 390, 105, 1200][j] for j in bucket]
-        assert len(n) * max(n) * (850 + max(n)) <= hf._PAD_BUDGET * sum(x * (850 + x) for x in n)
+        assert len(n) * max(n) * (850 + max(n)) <= sdpa._PAD_BUDGET * sum(x * (850 + x) for x in n)
     assert _length_buckets(5, []) == []
 
 
@@ -254,7 +277,7 @@ def test_suffix_attention_low_precision_matches_float64(dtype, tol):
     precision's rounding (GQA 4 query heads on 2 KV heads, suffixes of unequal length)."""
     import torch.nn.functional as F
 
-    from sinkflex.attention.hf import _sdpa_suffixes_batched
+    from sinkflex.attention.sdpa import _sdpa_suffixes_batched
 
     P, lengths = 37, [11, 4, 9]
     N = P + sum(lengths)

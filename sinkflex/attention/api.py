@@ -1,4 +1,4 @@
-"""`sink_attention`: the one public entry point, dispatching to the three backends.
+"""`sink_attention`: the one public entry point, dispatching to the backends.
 
 Backends (side by side, none imports another):
 - ``"reference"`` — `sinkflex.attention.reference`: eager, n×n, float64-capable oracle;
@@ -6,6 +6,12 @@ Backends (side by side, none imports another):
 - ``"cpu"`` — `sinkflex.attention.blockwise`: exact blockwise autograd function, O(n)
   memory (the CPU training path; also runs on CUDA, unfused);
 - ``"auto"`` — ``"flex"`` on CUDA, ``"cpu"`` elsewhere.
+
+Beside them, `sinkflex.attention.sdpa`: PyTorch's SDPA for the masks it expresses exactly
+(plain causal, shared prefix without window or padding) and **no sinks**; not a choice of
+`sink_attention` (which always takes sinks) but the path the transformers integration
+(`sinkflex.attention.hf`) takes on CPU for sink-free layers when the mask allows. Each is
+tested against the reference (tests/test_attention.py, tests/test_shared_prefix.py).
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@ from sinkflex.attention.masks.document import generate_document
 from sinkflex.attention.masks.padding import generate_padding
 from sinkflex.attention.masks.shared_prefix import generate_shared_prefix
 from sinkflex.attention.masks.sliding_window import generate_sliding_window
-from sinkflex.attention.masks.spec import MaskMod, MaskSpec, and_masks
+from sinkflex.attention.masks.spec import HFMaskInfo, MaskMod, MaskSpec, SharedPrefixLayout, and_masks
 
 __all__ = [
+    "HFMaskInfo",
     "MaskMod",
     "MaskSpec",
+    "SharedPrefixLayout",
     "and_masks",
     "generate_causal",
     "generate_document",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sinkflex.attention.masks.spec import MaskSpec
+from sinkflex.attention.masks.spec import MaskSpec, SharedPrefixLayout
 
 
 def _runs(seg: list[int]) -> list[tuple[int, int, int]]:
@@ -62,8 +62,9 @@ def generate_shared_prefix(segment_ids: Tensor, position_ids: Tensor | None = No
         window: W ≥ 1 for the causal sliding window on logical positions; None: causal.
 
     Returns:
-        a `MaskSpec`; ``_cache["shared_prefix"]`` holds the per-row layout
-        ``[(prefix_len, [(start, end), …])]`` for the SDPA path.
+        a `MaskSpec` whose ``shared_prefix`` holds the row layout (`SharedPrefixLayout`:
+        ``((prefix_len, ((start, end), …)), …)``, the window, whether a row is padded) for the
+        SDPA path, and whose ``with_band`` adds a layer's sliding window on logical positions.
 
     Raises:
         ValueError: wrong ranks/shapes, a segment that is not one contiguous run, or window < 1.
@@ -152,13 +153,7 @@ def generate_shared_prefix(segment_ids: Tensor, position_ids: Tensor | None = No
                 return False
         return True
 
-    desc = "shared_prefix" if window is None else f"shared_prefix(window={window})"
-    spec = MaskSpec(mask_mod=shared_prefix, kv_range=None, tile_is_full=tile_is_full, description=desc,
-                    kv_intervals=kv_intervals)
-    spec._cache["shared_prefix"] = [(prefix, sufs) for prefix, sufs, _ in layouts]
-    spec._cache["shared_prefix_window"] = window
-    spec._cache["has_padding"] = any(pad < n for _, _, pad in layouts)
-    bands: dict[int | None, MaskSpec] = {None: spec, window: spec}
+    bands: dict[int | None, MaskSpec] = {}
 
     def with_band(win: int | None) -> MaskSpec:
         """This mask with (also) the logical sliding window ``win`` (None: as is)."""
@@ -166,5 +161,10 @@ def generate_shared_prefix(segment_ids: Tensor, position_ids: Tensor | None = No
             bands[win] = generate_shared_prefix(seg, pos, win if window is None else min(win, window))
         return bands[win]
 
-    spec._cache["with_band"] = with_band
+    desc = "shared_prefix" if window is None else f"shared_prefix(window={window})"
+    layout = SharedPrefixLayout(rows=tuple((prefix, tuple(sufs)) for prefix, sufs, _ in layouts), window=window,
+                                has_padding=any(pad < n for _, _, pad in layouts))
+    spec = MaskSpec(mask_mod=shared_prefix, kv_range=None, tile_is_full=tile_is_full, description=desc,
+                    kv_intervals=kv_intervals, shared_prefix=layout, with_band=with_band)
+    bands[None] = bands[window] = spec
     return spec

@@ -18,6 +18,13 @@ optional *structure hints* that let the blockwise CPU path skip work:
 ``b: [B, 1, 1]``, ``q_idx: [1, tq, 1]``, ``kv_idx: [1, 1, tk]`` (by the CPU tiles and the
 reference), returning a bool tensor of the broadcast shape. Masks compose with
 `and_masks` (or the ``&`` operator). Masks are shared by all heads (``h`` is unused).
+
+What a mask *means* beyond its mask_mod is in typed fields, set by the factory that knows it:
+``shared_prefix`` (the row layout of `generate_shared_prefix`, read by the SDPA path),
+``with_band`` (the mask with a layer's sliding window in the mask's own position frame), and
+``hf`` (what transformers' mask function was: `sinkflex.attention.hf.sinkflex_mask`). A
+combination (`and_masks`) carries none of them. ``_cache`` only memoises masks and block masks
+derived from this one (`flex.block_mask_for`, `hf._with_structure`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,24 @@ KvIntervals = Callable[[int, int], list[tuple[int, int]]]
 TileIsFull = Callable[[int, int, int, int], bool]
 
 
+@dataclass(frozen=True)
+class SharedPrefixLayout:
+    """The rows of a shared-prefix mask (`generate_shared_prefix`)."""
+
+    rows: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # per row: (prefix length P, ((start, end) of each suffix, …))
+    window: int | None  # the logical sliding window, None: causal
+    has_padding: bool  # some row ends in padding (segment −1)
+
+
+@dataclass(frozen=True)
+class HFMaskInfo:
+    """What transformers' mask function was, for a mask built by `sinkflex.attention.hf.sinkflex_mask`."""
+
+    offset: int  # query-minus-key position offset (cache)
+    or_overlay: bool  # the mask_function has an ``or_masks`` overlay (may allow keys outside the causal band)
+    plain_causal: bool  # transformers' causal mask over the whole row: no padding, no packing, no cache
+
+
 @dataclass(frozen=True, eq=False)
 class MaskSpec:
     """An attention mask: a flex ``mask_mod`` plus optional structure hints (module docstring).
@@ -47,6 +72,10 @@ class MaskSpec:
         description: human-readable form, e.g. ``"causal & sliding_window(128)"``.
         kv_intervals: conservative sorted key intervals for ``[q0, q1)`` (within kv_range
             when both are given); None = the single interval of kv_range.
+        shared_prefix: the row layout when this is a shared-prefix mask, else None.
+        with_band: ``win -> MaskSpec``: this mask with also the sliding window ``win`` (None:
+            as is) on the mask's own logical positions; None: the layer's band is ANDed on.
+        hf: what transformers' mask function was (`HFMaskInfo`), None for other masks.
     """
 
     mask_mod: MaskMod
@@ -54,6 +83,9 @@ class MaskSpec:
     tile_is_full: TileIsFull | None = None
     description: str = "mask"
     kv_intervals: KvIntervals | None = None
+    shared_prefix: SharedPrefixLayout | None = None
+    with_band: Callable[[int | None], MaskSpec] | None = field(default=None, repr=False)
+    hf: HFMaskInfo | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __and__(self, other: MaskSpec) -> MaskSpec:
