@@ -121,3 +121,19 @@ def test_a_template_that_renders_tools_is_published_unchanged(tmp_path, smollm2_
     out.mkdir()
     _copy_tokenizer(src, out)
     assert AutoTokenizer.from_pretrained(out).chat_template == native
+
+
+def test_rollouts_of_a_published_version_render_as_before(tmp_path, smollm2_dir):
+    """The rollout service on a published version (eval, a resumed engine) picks the same format and
+    renders the same ids as on the source folder: the tool_use template is for serving only."""
+    from transformers import AutoTokenizer
+
+    from rollout_service.formatting import check_round_trip, formatter_factory
+
+    out = tmp_path / "v1"
+    out.mkdir()
+    _copy_tokenizer(Path(smollm2_dir), out)
+    src, pub = (formatter_factory("hermes", AutoTokenizer.from_pretrained(p))() for p in (smollm2_dir, out))
+    assert pub.native_tools is False and src.native_tools is False
+    check_round_trip(pub, "v1")
+    assert pub.round_trip() == src.round_trip()
