@@ -156,6 +156,10 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
     exception escaping the servicer counts as UNKNOWN; an RPC whose client went away before
     the servicer finished counts as CANCELLED (DEADLINE_EXCEEDED once its deadline passed).
     Health and reflection RPCs are counted too.
+
+    Ours rather than py-grpc-prometheus (0.8.0): its metrics are module-level with fixed labels and
+    default buckets, so it cannot carry sinkflex_service (several services in one process) nor the
+    multi-minute latency buckets rollouts need.
     """
 
     def __init__(self, service: str) -> None:

