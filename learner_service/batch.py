@@ -5,7 +5,7 @@ module reads a proto. Each group is converted exactly once (`Group.from_proto`, 
 the learner's loop where it reads the group from the buffer): bytes → proto in
 `sinkflex.buffer` (`_decode`), proto → `Group` (rollouts, advantages) in
 `loop.LearnerRunner._next_tick`, and that `Group` is what is broadcast to the other ranks
-and trained on (`Group`'s docstring has the path before and after). A trajectory of T tokens gives T − 1 predicted positions: the
+and trained on (`Group`'s docstring has the path). A trajectory of T tokens gives T − 1 predicted positions: the
 model reads token_ids[:-1] and position t predicts token_ids[t+1], whose old log-prob
 (`logprobs[t+1]`) and loss mask (`loss_mask[t+1]`) come along. Rows are right-padded,
 so with causal attention the padding never influences a real token and no attention
@@ -104,16 +104,13 @@ class Group:
       there); `BufferEntry.group` is that proto, kept only for acknowledging the entry;
     - `loop.LearnerRunner._next_tick` (rank 0) turns each proto into a `Group` with
       `Group.from_proto`, right where it reads it: this validates it (a `ValueError` →
-      acknowledged untrained and counted, as before) and computes its advantages (eq. (3))
+      acknowledged untrained and counted) and computes its advantages (eq. (3))
       with the learner's config (adv_eps, max_seq_len, reward shaping);
     - `loop.LearnerRunner._broadcast` sends these `Group`s (tensors, no proto) to the
       other ranks; `Learner.train_step` trains on them as they are.
 
-    Before, the proto was converted to rollouts in `_next_tick` only to validate it and the
-    result thrown away; the broadcast pickled the proto (serialised it to bytes again, in
-    the same process) and every rank parsed it back; `Learner.prepare` converted it a
-    second time. `train_step` still accepts protos (tests, benchmarks, the warm start's
-    callers): those are converted once, in `Learner.prepare`.
+    `train_step` also accepts protos (tests, benchmarks, the warm start's callers): those
+    are converted once, in `Learner.prepare`.
 
     Attributes:
         group_id, task_id, env: the proto's.

@@ -39,7 +39,7 @@ def check_shares(breakdown: common_pb2.RewardBreakdown) -> dict[str, float]:
 
     Only checks in the task's reward basis: a component the reward service marks
     ``"in_basis": false`` (a check tau2 ran but the task is not scored on, e.g. the action
-    checks of a DB-only task) gives no partial credit, as before the breakdown listed them."""
+    checks of a DB-only task) gives no partial credit."""
     shares: dict[str, float] = {}
     for comp in breakdown.components:
         spec = _CHECKS.get(comp.type)

@@ -32,12 +32,10 @@ def bf16_matmul_speedup(m: int = 256, k: int = 576, n: int = 1536, rounds: int =
     Times an (m × k) @ (k × n) matmul (default: a 256-token slice of SmolLM2's MLP, 0.45 GFLOP)
     in both dtypes with ``torch.matmul`` on the threads torch is set to use, interleaved for
     `rounds` rounds after one warm-up each, and compares the best time of each (so a busy
-    machine slows both alike). About 50 ms where bf16 has hardware support. Cached per process.
+    machine slows both alike). Cached per process.
 
-    Why measured and not read from the flags: ``avx512_bf16`` alone does not make bf16 fast.
-    Measured with this function's shapes on 2-core machines: AMX ~10× fp32, AMD EPYC with
-    avx512_bf16 ~2.5×, an Intel Xeon with avx512_bf16 whose AMX the hypervisor hides 0.5×
-    (fp32 170 GFLOP/s a thread, bf16 90), AVX2 only ~0.005× (docs/architecture.md).
+    Why measured and not read from the flags: ``avx512_bf16`` alone does not make bf16 fast
+    (the ratios measured on several CPUs: docs/architecture.md).
 
     Raises:
         ImportError: torch is not installed.

@@ -215,7 +215,7 @@ class ServiceServer:
     `interceptors` are extra `grpc.ServerInterceptor`s, run after the metrics one and
     before `BadRequestInterceptor` (always installed, innermost: undecodable request bytes
     are INVALID_ARGUMENT, and counted so by the metrics). `tls` (`sinkflex.tls.TLSConfig`,
-    None or inactive: plaintext as before) serves TLS, or mutual TLS with
+    None or inactive: plaintext) serves TLS, or mutual TLS with
     `require_client_auth`; its files are read by `start()` (`TLSError` naming a bad one).
     Load shedding (`sinkflex.limits.LimitsInterceptor`, always installed, outermost after
     metrics): at most `max_concurrent_rpcs` calls at once (default: `max_workers` − min(4, half), so

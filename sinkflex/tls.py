@@ -1,6 +1,6 @@
 """Optional TLS and mutual TLS for every SinkFlex gRPC server and client: `TLSConfig`.
 
-Off by default: a server listens in plaintext and a channel is plaintext, as before. TLS is
+Off by default: a server listens in plaintext and a channel is plaintext. TLS is
 on as soon as a certificate file is given (or `enabled: true`):
 
 - a server (`sinkflex.serving.ServiceServer(tls=...)`, each service's `tls:` config section and

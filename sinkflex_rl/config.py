@@ -294,9 +294,8 @@ class LocalConfig(StrictModel):
     of this process's affinity, none reserved for vLLM's scheduler, less the last core when a
     local user simulator runs (it is bound there), at niceness 10 (`sinkflex_rl.local.ENGINE_NICE`:
     the warm start's learner, which trains while the base model is validated, keeps its share
-    of the cores): 80 rollouts of ~900 + 96 tokens took 84 s
-    against 153 s with vLLM's default on 2 cores. "auto": vLLM's default (one core per NUMA node
-    reserved for its scheduler: 1 of 2 cores here). Anything else is passed as it is ("nobind",
+    of the cores; measured: docs/usage.md, "CPU process settings"). "auto": vLLM's default (one
+    core per NUMA node reserved for its scheduler). Anything else is passed as it is ("nobind",
     "0-3", "0,2")."""
     ready_timeout_s: float = Field(600.0, gt=0)
     learner_glibc_tunables: Optional[str] = Field(LEARNER_GLIBC_TUNABLES, pattern=r"^glibc\.[a-z_.]+=[^:=\s]+(:glibc\.[a-z_.]+=[^:=\s]+)*$")
@@ -305,9 +304,7 @@ class LocalConfig(StrictModel):
     every allocation in malloc's heap and never gives freed memory back to the kernel
     (``mmap_max=0``, ``trim_threshold`` 64 GiB): glibc otherwise maps each tensor of 32 MiB or
     more fresh and unmaps it when freed, so that every step faults its activations and logits in
-    page by page again. On the demo's learner step (docs/bench_learner_step.md): 65.3 s against
-    73.2 s, system time 8.2 s against 23.5 s, 2.1 M minor page faults against 9.8 M, peak RSS
-    8.2 GiB against 7.8 GiB."""
+    page by page again (measured on the demo's learner step: docs/bench_learner_step.md)."""
 
     learner_stop_grace_s: float = Field(600.0, gt=0)
     """On stop the learner finishes its step and checkpoints; SIGKILL after this many seconds."""

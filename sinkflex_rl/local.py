@@ -191,8 +191,7 @@ def _max_restarts(cfg: TrainConfig, name: str) -> int:
 #: niceness of a CPU rollout engine bound to every core (`local.engine_cpu_threads_bind` "all"),
 #: its own and its session's autogroup's (`sinkflex_rl.launcher.renice_self`): in a synchronous run
 #: nothing else computes while it generates, except the warm start's learner during the base
-#: model's validation, which then keeps its cores (measured on 2 cores: at equal priority one SFT
-#: step took 229 s and the learner had 40 % of a core; with the engine's group at nice 10, 156 %)
+#: model's validation, which then keeps its share of the cores (measured: docs/usage.md)
 ENGINE_NICE = 10
 
 
@@ -237,7 +236,7 @@ def prepare_task_files(cfg: TrainConfig) -> list[str]:
 
         out = cfg.run.dir() / "tasks"
         stamp = out / "generate.json"  # what generated them: a re-run with other settings must not reuse them
-        want = g.model_dump(mode="json", exclude={"kind"} if g.kind == "solo" else None)  # solo runs' stamps as before
+        want = g.model_dump(mode="json", exclude={"kind"} if g.kind == "solo" else None)  # a solo set's stamp has no kind
         if (out / "tasks.json").is_file():
             have = json.loads(stamp.read_text()) if stamp.is_file() else None
             if have != want:

@@ -8,7 +8,7 @@ size), and `TrainConfig` calls it at load time when `local.gpus` lists the devic
 Rules (README "On a GPU box"):
 
 - CPU (no GPU visible and `local.gpus` unset, the embedded default): no placement; every
-  process starts exactly as before (no CUDA_VISIBLE_DEVICES set, --nproc_per_node =
+  process starts without a GPU setting (no CUDA_VISIBLE_DEVICES set, --nproc_per_node =
   local.learner_procs).
 - `local.gpus: []`: GPUs are hidden from every process (CUDA_VISIBLE_DEVICES="") and the
   run is the CPU run.
