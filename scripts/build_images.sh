@@ -8,7 +8,9 @@
 # that order). What it does:
 #   base         a Debian 12 (bookworm) / Python 3.11 root filesystem made with debootstrap from
 #                Debian's packages, imported as $BASE_IMAGE: the `PYTHON_IMAGE` the Dockerfiles
-#                take instead of python:3.11-slim-bookworm. $CA_BUNDLE is baked in as the system
+#                take instead of python:3.11-slim-bookworm. With Python's headers, as that image
+#                has them (python3.11-dev): torch's Inductor compiles C++ against Python.h at run
+#                time (vLLM's CPU sampler does; without them: "fatal error: Python.h"). $CA_BUNDLE is baked in as the system
 #                CA bundle and /etc/pip.conf points pip at it (pip behind a TLS-intercepting
 #                proxy), and at /opt/wheels as find-links (the build mounts $WHEELS there).
 #   redis        Debian's redis-server (7.0) the same way, as $REDIS_IMAGE: the image compose
@@ -135,7 +137,7 @@ dry() {  # print a command shell-quoted
 
 build_base() {
   if [ "$DRY_RUN" = 1 ]; then
-    dry debootstrap --variant=minbase --include=python3.11,python3.11-venv,python3-pip,ca-certificates bookworm ROOTFS "$DEBIAN_MIRROR"
+    dry debootstrap --variant=minbase --include=python3.11,python3.11-venv,python3.11-dev,python3-pip,ca-certificates bookworm ROOTFS "$DEBIAN_MIRROR"
     dry "$ENGINE" import - "$BASE_IMAGE"
     return
   fi
@@ -144,7 +146,7 @@ build_base() {
   fi
   local started t0 dir
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ); t0=$(date +%s)
-  dir=$(bootstrap python3.11,python3.11-venv,python3-pip,ca-certificates)
+  dir=$(bootstrap python3.11,python3.11-venv,python3.11-dev,python3-pip,ca-certificates)
   # pip inside the builds: the CA bundle above, and the wheel folder the builds mount
   cat >"$dir/etc/pip.conf" <<'EOF'
 [global]

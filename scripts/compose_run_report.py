@@ -9,7 +9,8 @@ Inputs:
     COLD, WARM   scripts/build_images.sh --timings lines of a cold build (empty layer cache) and
                  of the same build again (warm cache): {name, image, built, build_s, size_mb}
     EVENTS       scripts/compose_up.py --events lines of the run ("up", "healthy", "all_healthy",
-                 "restarted", "exited", "finished")
+                 "restarted", "exited", "finished"); the run's timings are those of the last
+                 session (from its last "up"), every line is copied to the output
     SUMMARY      the run folder's summary.json (sinkflex-rl train's), read from the data volume
     RESTARTS     a JSON list of the faults induced during the run: {container, action, at,
                  recovered, ...} (at: unix seconds)
@@ -53,6 +54,8 @@ def images(cold: list[dict], warm: list[dict]) -> list[dict]:
 
 def run(summary: dict, events: list[dict], steps: int | None, reference: dict | None) -> dict:
     """The run's figures: summary.json's, plus the compose timings from the events."""
+    ups = [i for i, e in enumerate(events) if e["event"] == "up"]
+    events = events[ups[-1]:] if ups else events  # the last `compose_up.py` session
     by = {}
     for e in events:
         by.setdefault(e["event"], e)  # the first of each
@@ -85,6 +88,16 @@ def run(summary: dict, events: list[dict], steps: int | None, reference: dict | 
     return out
 
 
+def restarts(faults: list[dict], figures: dict) -> list[dict]:
+    """The induced faults, each with `recovered`: its container ran and passed its health check
+    again, and the run finished in the same session with every published group trained once
+    and none dead-lettered."""
+    run_ok = (figures["finished"] and figures.get("sessions") == 1
+              and figures["groups_trained"] == figures["groups_published"] and figures["dead_letters"] == 0)
+    return [{**f, "container_back": f.get("healthy_s") is not None,
+             "recovered": f.get("healthy_s") is not None and bool(run_ok)} for f in faults]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cold", type=Path, required=True)
@@ -100,11 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         events = _lines(args.events)
+        figures = run(json.loads(args.summary.read_text()), events, args.steps,
+                      json.loads(args.reference.read_text()) if args.reference else None)
         report = {
             "images": images(_lines(args.cold), _lines(args.warm)),
-            "run": run(json.loads(args.summary.read_text()), events, args.steps,
-                       json.loads(args.reference.read_text()) if args.reference else None),
-            "restarts": json.loads(args.restarts.read_text()) if args.restarts else [],
+            "run": figures,
+            "restarts": restarts(json.loads(args.restarts.read_text()) if args.restarts else [], figures),
             "events": events,
             "command": args.command,
             "notes": args.note,
