@@ -22,7 +22,7 @@ after each part, so a timeout still leaves the finished parts):
    step) at 4,096 and 8,192 tokens, ``attn_implementation`` "sinkflex" (compiled flex) vs "eager":
    measured peak (``torch.cuda.max_memory_allocated`` over both steps), the second step's
    tokens/s, and the memory model's analytic count of the same configuration beside it (its
-   traced prediction for these rows: docs/gpu_memory.json, config "gpu_check"). Out-of-memory is
+   traced prediction for these rows: docs/gpu_memory.json, config "gpu_check (12 layers)"). Out-of-memory is
    recorded as such. Paper: 28.06 GB (eager) → 22.52 GB at 4,096; eager OOM at 8,192.
 4. ``model`` (optional) — the same table on a bare transformers loop (no learner), ``--layers``.
 6. ``kernel`` (optional, ``--kernel-bench``) — one layer, eager vs flex with / without
@@ -339,6 +339,8 @@ def _learner_steps(arch: dict, n: int, attention: str, out_dir: Path) -> dict:
     torch.cuda.reset_peak_memory_stats()
     try:
         learner = Learner(cfg, device=torch.device(DEVICE), metrics=False)
+        before_step: list[float] = []  # the forward/backward peak, read as each optimizer step begins
+        learner.optimizer.register_step_pre_hook(lambda *_: before_step.append(torch.cuda.max_memory_allocated() / 1e9))
         base = torch.cuda.max_memory_allocated()
         t0 = time.perf_counter()
         metrics = [learner.train_step([synthetic_group(f"gc-{attention}-{n}-{s}", 2, n, min(64, n // 4), arch["vocab_size"], s)])
@@ -347,6 +349,7 @@ def _learner_steps(arch: dict, n: int, attention: str, out_dir: Path) -> dict:
         row = {
             "status": "ok",
             "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9,
+            "peak_before_optimizer_gb": max(before_step, default=0.0),  # forward/backward (the learner resets per step)
             "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1e9,
             "after_build_gb": base / 1e9,
             "tokens_per_s": metrics[-1]["tokens_per_s"],

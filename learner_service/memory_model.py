@@ -30,11 +30,18 @@ What the trace departs from on a GPU, and why (docs/gpu_memory.md):
   large tensors have no value; they are answered by assumption and counted in
   `Estimate.assumed`: a scalar read (the gradient norm, loss metrics) gives 1, and a
   ``nonzero`` (rows of the logits that receive a gradient) selects every element.
+- DTensor derives output shapes by running ops on global-shape fakes under the active fake
+  mode (in AdamW's step on FSDP2's sharded parameters); those never exist on a GPU and are
+  left out of the count (`_PropagationUntracked`). An unsharded parameter's gradient counts as
+  a gradient from the moment autograd writes it (the tracker would wait for FSDP's
+  post-backward). The step runs after one untraced AdamW step on zero gradients, which
+  allocates the moments a previous step leaves; its two micro-steps put the second one's
+  backward beside every sharded gradient.
 - The CUDA caching allocator's rounding and fragmentation are not modelled (the tracker counts
   tensor storages rounded to 512 bytes on CUDA, unrounded here); `torch.cuda.max_memory_allocated`
   counts the same storages, `max_memory_reserved` more.
 
-Units: bytes everywhere; GB = 1e9 bytes in reports (the paper's unit), GiB = 2**30.
+Units: bytes everywhere; GB = 1e9 bytes in reports (the paper's unit).
 """
 
 from __future__ import annotations
@@ -57,7 +64,6 @@ from sinkflex.api.common.v1 import common_pb2
 log = logging.getLogger(__name__)
 
 GB = 1e9
-GIB = 2**30
 
 #: Tensors of at most this many elements keep their real value beside the fake one.
 HOST_VALUE_LIMIT = 1 << 20
@@ -104,6 +110,8 @@ class Estimate:
         gradient: log-probs, loss, their backward), "backward" (the model's), "optimizer" or "outside".
     assumed: {op: count} of data-dependent reads answered by assumption (module docstring).
     seconds: wall time of the trace.
+    phase_peaks: {phase: the largest total within it} (e.g. the forward/backward's peak beside
+        the optimizer step's).
     """
 
     peak_bytes: int
@@ -112,6 +120,7 @@ class Estimate:
     phase: str
     assumed: dict[str, int]
     seconds: float
+    phase_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ host values beside fakes
@@ -156,7 +165,10 @@ class _HostValues(TorchDispatchMode):
             return func(*args, **kwargs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+        )
 
         flat, spec = tree_flatten((args, kwargs or {}))
         flat = [self._fake(a) if isinstance(a, torch.Tensor) else a for a in flat]
@@ -261,6 +273,7 @@ def _parts_tracker(model, optimizer):
             self.peak_phase = "outside"
             self.phase = "outside"
             self.hooked: set[int] = set()
+            self.phase_peaks: dict[str, int] = {}
 
         paused = 0  # > 0: inside DTensor's sharding propagation (`_PropagationUntracked`)
 
@@ -323,6 +336,8 @@ def _parts_tracker(model, optimizer):
             elif u_type == _UpdateType.SIZE:
                 self.live[(winfo.reftype, winfo.region)] += mem - old_mem_consumed
                 self.total += mem - old_mem_consumed
+            if self.total > self.phase_peaks.get(self.phase, 0):
+                self.phase_peaks[self.phase] = self.total
             if self.total > self.peak:
                 self.peak = self.total
                 self.peak_live = {k: v for k, v in self.live.items() if v}
@@ -505,9 +520,10 @@ def trace_step(cfg: LearnerConfig, seq_len: int, gpus: int, steps: int = 1, fake
         parts, cats = tracker.parts()
         peak = tracker.peak
         phase = tracker.peak_phase
+        phase_peaks = dict(tracker.phase_peaks)
         del learner
     assumed = dict(values.assumed) if values is not None else {}
-    return Estimate(peak, parts, cats, phase, assumed, time.perf_counter() - t0)
+    return Estimate(peak, parts, cats, phase, assumed, time.perf_counter() - t0, phase_peaks)
 
 
 def _warm_optimizer(optimizer: torch.optim.Optimizer) -> None:
@@ -533,11 +549,9 @@ def _phases(learner, tracker) -> None:
         logits = getattr(out, "logits", None)
         if isinstance(logits, torch.Tensor) and logits.requires_grad:
             logits.register_hook(_backward)
-        return None
 
     def _backward(grad):
         tracker.phase = "backward"
-        return None
 
     def pre_step(*_):
         tracker.phase = "optimizer"
@@ -596,9 +610,10 @@ def analytic_peak(arch: dict, seq_len: int, gpus: int, attention: str, gradient_
       unsharded weight gradients, the checkpoints.
     Attention of one layer: sinkflex keeps q, k, v (before and after RoPE), the flex output,
     the LSE (float32), the float32 output and σ(lse − sink) of the rescale and its bf16 copy;
-    eager keeps the repeated K/V, scores [Hq, N, N] (bf16), scaled, masked, sink-concatenated,
-    shifted and softmaxed copies of it (one alive at a time in forward, the softmax kept for
-    backward), plus the additive masks [N, N] of both layer types for the whole step.
+    eager keeps the repeated K/V and the softmax [Hq, N, N + 1] (bf16; the scores' scaled,
+    masked, sink-concatenated and shifted copies are transient) and its backward adds two more
+    of that size (the gradient of the probabilities and of the softmax input), plus the
+    additive masks [N, N] of both layer types for the whole step.
     Departures: FSDP's padding of sharded dims, the allocator's rounding and the kernels' own
     workspaces are not counted.
     """
@@ -623,8 +638,8 @@ def analytic_peak(arch: dict, seq_len: int, gpus: int, attention: str, gradient_
     qkv = b * n * d * (hq + 2 * hkv)
     if attention == "eager":
         scores = b * hq * n * (n + 1)
-        attn_saved = 2 * qkv + 2 * b * n * hq * d + 2 * scores + 2 * b * n * hq * d  # rope, repeat_kv, softmax + its slice, out
-        attn_grad = 2 * scores  # ∂probs and the softmax backward
+        attn_saved = 2 * qkv + 2 * b * n * hq * d + scores + 2 * b * n * hq * d  # rope, repeat_kv, softmax (its [..., :-1] a view), out
+        attn_grad = 2 * scores  # ∂probs and the softmax backward's output
         masks = 2 * b * n * n  # additive masks of both layer types, kept for the step
     else:
         attn_saved = 2 * qkv + 2 * b * n * hq * d + 8 * hq * n + 4 * n * hq * d  # rope, out + contiguous, lse, σ, fp32 out
@@ -648,47 +663,10 @@ def analytic_peak(arch: dict, seq_len: int, gpus: int, attention: str, gradient_
     return sum(parts.values()), parts, phase
 
 
-def with_layers(cfg: LearnerConfig, layers: int) -> LearnerConfig:
-    """cfg with its model cut to the first `layers` decoder layers (layer_types cut alike)."""
-    arch = dict(cfg.model.arch or {})
-    arch["num_hidden_layers"] = layers
-    if "layer_types" in arch:
-        arch["layer_types"] = list(arch["layer_types"])[:layers]
-    data = cfg.model_dump()
-    data["model"]["arch"] = arch
-    return LearnerConfig.model_validate(data)
-
-
-def trace_extrapolated(cfg: LearnerConfig, seq_len: int, gpus: int, layers: tuple[int, int]) -> Estimate:
-    """`trace_step` of cfg's model cut to layers[0] and to layers[1] decoder layers, each part
-    extended linearly to the model's full depth L: part(L) = part(a) + (part(b) − part(a)) ·
-    (L − a) / (b − a). Exact when the peak falls at the same moment of both traces and each
-    added layer adds the same bytes (its sharded state and checkpoint): take a, b of the same
-    layer-type pattern (even counts for alternating sliding / full layers).
-
-    Raises:
-        ValueError: layers not a < b < L, or the two traces peak in different phases.
-    """
-    full = int((cfg.model.arch or {}).get("num_hidden_layers", 0))
-    a, b = layers
-    if not 0 < a < b <= full:
-        raise ValueError(f"need 0 < a < b <= {full} layers to extrapolate from, got {layers}")
-    ea, eb = trace_step(with_layers(cfg, a), seq_len, gpus), trace_step(with_layers(cfg, b), seq_len, gpus)
-    if ea.phase != eb.phase:
-        raise ValueError(f"the {a}- and {b}-layer traces peak in different phases ({ea.phase}, {eb.phase}): trace the full model")
-    f = (full - a) / (b - a)
-    parts = {k: round(ea.parts[k] + (eb.parts[k] - ea.parts[k]) * f) for k in ea.parts}
-    cats = {k: round(ea.categories.get(k, 0) + (eb.categories.get(k, 0) - ea.categories.get(k, 0)) * f)
-            for k in set(ea.categories) | set(eb.categories)}
-    assumed = dict(collections.Counter(ea.assumed) + collections.Counter(eb.assumed))
-    return Estimate(sum(parts.values()), parts, cats, eb.phase, assumed, ea.seconds + eb.seconds)
-
-
-def plan_row(config: str, cfg: LearnerConfig, seq_len: int, gpus: int, trace: bool = True,
-             layers_traced: tuple[int, int] | None = None) -> dict:
-    """One row of the memory table: the traced peak (`trace_step`, or `trace_extrapolated` from
-    `layers_traced`; none when trace=False) and the analytic count (`analytic_peak`) of cfg's
-    model at seq_len tokens on `gpus` ranks, in GB (1e9 bytes). `config` names the row."""
+def plan_row(config: str, cfg: LearnerConfig, seq_len: int, gpus: int, trace: bool = True) -> dict:
+    """One row of the memory table: the traced peak (`trace_step`; none when trace=False) and the
+    analytic count (`analytic_peak`) of cfg's model at seq_len tokens on `gpus` ranks, in GB
+    (1e9 bytes). `config` names the row."""
     arch = cfg.model.arch or {}
     attention = cfg.model.attn_implementation
     a_peak, a_parts, a_phase = analytic_peak(arch, seq_len, gpus, attention, cfg.model.gradient_checkpointing)
@@ -697,12 +675,11 @@ def plan_row(config: str, cfg: LearnerConfig, seq_len: int, gpus: int, trace: bo
            "analytic_peak_gb": round(a_peak / GB, 3), "analytic_phase": a_phase,
            "analytic_parts": {k: round(v / GB, 3) for k, v in a_parts.items() if v}}
     if trace:
-        est = trace_step(cfg, seq_len, gpus) if layers_traced is None else trace_extrapolated(cfg, seq_len, gpus, layers_traced)
-        if layers_traced is not None:
-            row["traced_layers"] = list(layers_traced)
+        est = trace_step(cfg, seq_len, gpus)
         row.update(predicted_peak_gb=round(est.peak_bytes / GB, 3), phase=est.phase,
                    parts={k: round(v / GB, 3) for k, v in est.parts.items() if v},
                    tracker_categories={k: round(v / GB, 3) for k, v in est.categories.items() if v},
+                   phase_peaks_gb={k: round(v / GB, 3) for k, v in est.phase_peaks.items()},
                    analytic_vs_traced=round(a_peak / est.peak_bytes - 1, 4), assumed=est.assumed,
                    trace_seconds=round(est.seconds, 1))
     return row

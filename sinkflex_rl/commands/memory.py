@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -37,16 +36,16 @@ def _arch(model: str) -> dict:
 def plan_memory(
     model: str = typer.Option("gpt-oss-20b", "--model", "-m", help="gpt-oss-20b, or a model folder / config.json (architecture only)"),
     seq_len: list[int] = typer.Option([4096, 8192], "--seq-len", "-n", help="tokens per sequence (repeat the option for several)"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="learner GPUs (FSDP2 ranks); default: the config's "
+    gpus: int | None = typer.Option(None, "--gpus", "-g", help="learner GPUs (FSDP2 ranks); default: the config's "
                                        "local.learner_procs, else 1"),
     attention: list[str] = typer.Option(["sinkflex"], "--attention", "-a", help="sinkflex and/or eager (repeat the option)"),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="an experiment YAML: its learner section (batch, "
+    config: Path | None = typer.Option(None, "--config", "-c", help="an experiment YAML: its learner section (batch, "
                                           "grpo, checkpointing) is the base"),
     no_checkpointing: bool = typer.Option(False, "--no-checkpointing", help="no activation checkpointing"),
-    gpu_gb: Optional[float] = typer.Option(None, "--gpu-gb", help="the GPU's memory in GB: say whether each row fits"),
+    gpu_gb: float | None = typer.Option(None, "--gpu-gb", help="the GPU's memory in GB: say whether each row fits"),
     trace: bool = typer.Option(True, "--trace/--no-trace", help="trace the real step with fake tensors (minutes for a "
                                "20B model) or only count analytically (seconds)"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="also write the rows to this JSON file"),
+    json_out: Path | None = typer.Option(None, "--json", help="also write the rows to this JSON file"),
 ) -> None:
     """Predicts each learner GPU's peak memory of one GRPO step (one sequence per micro-step, bf16,
     AdamW, FSDP2 over --gpus ranks) by tracing the learner's own step with fake tensors on the CPU,
