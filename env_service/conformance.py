@@ -36,7 +36,7 @@ from env_service.client import GrpcEnvClient
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.api.env.v1 import env_pb2
 from sinkflex.errors import ServiceError
-from sinkflex.serving import DEFAULT_MAX_MESSAGE_BYTES
+from sinkflex.serving import DEFAULT_MAX_MESSAGE_BYTES, wait_for_serving
 
 
 @dataclass
@@ -110,7 +110,6 @@ def run_checks(address: str, env: Optional[str] = None, task_id: Optional[str] =
     Raises:
         EnvUnreachable: nothing accepted a connection at `address` within `ready_timeout`.
     """
-    from sinkflex.serving import wait_for_serving
 
     results: list[CheckResult] = []
     state: dict = {}

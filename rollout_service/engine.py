@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Coroutine
 
-from sinkflex.errors import failed_precondition, invalid_argument
+from sinkflex.errors import ServiceError, clip, failed_precondition, invalid_argument
 from sinkflex.hardware import bf16_verdict, cpu_has_fast_bf16  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,6 @@ def check_policy_location(policy_version: int, location: str, policy_root: str |
     """
     import grpc
 
-    from sinkflex.errors import ServiceError, clip
 
     if policy_version < 1:
         raise invalid_argument(f"policy_version must be >= 1, got {policy_version}")

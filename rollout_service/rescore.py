@@ -10,6 +10,7 @@ truncated, renormalised one).
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 
@@ -56,7 +57,6 @@ def rescore_group(model, trajs: list[common_pb2.Trajectory], temperature: float)
     Returns:
         one logp_T ([T] float32, 0 at t = 0) per trajectory.
     """
-    import copy
 
     if not trajs:
         return []

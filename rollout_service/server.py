@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 
 import grpc
 
 from rollout_service.config import RolloutConfig, RolloutLimits
 from rollout_service.engine import check_policy_location
 from rollout_service.worker import RolloutWorker
-from sinkflex.authz import PUBLISH, Policy
 from sinkflex.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from sinkflex.authz import PUBLISH, Policy
 from sinkflex.errors import ServiceError, abort_on_error
 from sinkflex.serving import ServiceServer
 
@@ -146,8 +148,6 @@ def build_server(config: RolloutConfig, port: int = 50053, host: str = "127.0.0.
 def _watch_engine(server: ServiceServer, worker: RolloutWorker, every_s: float = 1.0) -> None:
     """A daemon thread: once the engine process dies, health goes NOT_SERVING for good (a client that
     health-checks, or the launcher, sees it; Rollout and Status fail UNAVAILABLE)."""
-    import threading
-    import time
 
     engine = getattr(worker, "engine", None)
     if engine is None or not callable(getattr(engine, "dead", None)):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -180,7 +181,6 @@ def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: st
 
 def stop_vllm_server(proc: subprocess.Popen, timeout: float = 30.0) -> None:
     """SIGTERM the server started by `start_vllm_server` (and its engine process), then SIGKILL."""
-    import signal
 
     if proc.poll() is not None:
         return

@@ -6,8 +6,11 @@ only when a tracker is opened, so no image or service needs them unless configur
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,13 +20,11 @@ from pydantic import field_validator, model_validator
 
 from sinkflex.config import StrictModel
 
-
 #: what each `report_to` entry needs importable, and how to get it
 TRACKER_PACKAGES = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
 
 
 def _missing(module: str) -> bool:
-    import importlib.util
 
     return importlib.util.find_spec(module) is None
 
@@ -65,7 +66,6 @@ class ReportingConfig(StrictModel):
     @field_validator("report_to")
     @classmethod
     def _installed(cls, report_to: list[str]) -> list[str]:
-        import sys
 
         for name in dict.fromkeys(report_to):
             module, package = TRACKER_PACKAGES[name]
@@ -78,7 +78,6 @@ class ReportingConfig(StrictModel):
 
     @model_validator(mode="after")
     def _mlflow_local_store(self) -> "ReportingConfig":
-        import os
 
         if "mlflow" in self.report_to and not (self.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")):
             missing = [m for m in ("sqlalchemy", "alembic") if _missing(m)]
@@ -99,7 +98,6 @@ class WandbTracker:
     name = "wandb"
 
     def __init__(self, run_dir: Path, settings: WandbSettings, run_name: str, config: Mapping | None, run_id: str | None):
-        import os
 
         import wandb
 
@@ -134,7 +132,6 @@ class MlflowTracker:
     name = "mlflow"
 
     def __init__(self, run_dir: Path, settings: MlflowSettings, run_name: str, config: Mapping | None, run_id: str | None):
-        import os
 
         from mlflow import MlflowClient
 

@@ -75,10 +75,16 @@ from sinkflex.api.learner.v1 import learner_pb2
 from sinkflex.api.rollout.v1 import rollout_pb2
 from sinkflex.config import ConfigError
 from sinkflex.errors import ServiceError
-from sinkflex.reporting import MetricsWriter, mean_ci, paired_ci, pass_hat_k
+from sinkflex.reporting import (
+    MetricsWriter,
+    mean_ci,
+    paired_ci,
+    pass_hat_k,
+    read_metrics,
+)
 from sinkflex.retry import poll_until
 from sinkflex_rl.clients import Addresses, ServiceClients
-from sinkflex_rl.config import TrainConfig
+from sinkflex_rl.config import TrainConfig, launch_inputs
 
 __all__ = ["Addresses", "Controller", "ServiceClients", "paired_difference", "per_purpose", "read_validations",
            "stratified_order", "validation_dir"]  # Addresses, ServiceClients: from sinkflex_rl.clients
@@ -386,7 +392,6 @@ class Controller:
         """The groups of one validation as τ²-Bench's results file at `path`
         (`tau2_adapter.results.write_results`: `tau2 view --file <path>` opens it). None, with a log
         line, when task.env is not a τ²-Bench domain or its tasks are not τ²-Bench's."""
-        from sinkflex_rl.config import launch_inputs
         from tau2_adapter.results import write_results
 
         cfg = self.cfg
@@ -439,7 +444,6 @@ class Controller:
         learner's own record of that step (<run dir>/learner/metrics.jsonl), marked
         `recovered` 1. Returns the steps written.
         """
-        from sinkflex.reporting import read_metrics
 
         run_dir = self.cfg.run.dir()
         recovered = recovered_train_records(read_metrics(run_dir), read_metrics(run_dir / "learner"), self.v0, done_steps)

@@ -26,18 +26,30 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 
-from sinkflex_rl.launcher import HEALTH, LocalLauncher, ManagedProcess, free_port, python_module
-from sinkflex_rl.placement import Placement, place, visible_gpus
-from sinkflex.models import resolve_model
-from sinkflex_rl.config import LocalConfig, TrainConfig, demonstrations_path, service_configs
 from sinkflex.config import ConfigError
+from sinkflex.models import resolve_model
 from sinkflex_rl.clients import Addresses
+from sinkflex_rl.config import (
+    LocalConfig,
+    TrainConfig,
+    demonstrations_path,
+    service_configs,
+)
+from sinkflex_rl.launcher import (
+    HEALTH,
+    LocalLauncher,
+    ManagedProcess,
+    free_port,
+    python_module,
+)
+from sinkflex_rl.placement import Placement, place, visible_gpus
 
 log = logging.getLogger(__name__)
 
@@ -262,14 +274,13 @@ def _learner_started(run_dir: Path) -> bool:
 def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str, str], task_files: list[str],
                              out: Path) -> None:
     """Builds the warm start's demonstrations through the running env and reward services."""
-    import random
 
     from transformers import AutoTokenizer
 
-    from sinkflex_rl.warm_start import build_demonstrations
     from env_service.client import GrpcEnvClient
     from learner_service.sft import write_demonstrations
     from reward_service.client import GrpcRewardClient
+    from sinkflex_rl.warm_start import build_demonstrations
     from tau2_adapter.generate_dual import PREFIX as DUAL_PREFIX
     from tau2_adapter.generate_dual import golden_agent_turns
     from tau2_adapter.tasks import domain_tasks, golden_actions

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 
-from tau2_adapter.generate import _POOLS, STATUSES
+from tau2_adapter.generate import _POOLS, STATUSES, _title
 from tau2_adapter.tasks import TaskSet
 
 FAMILIES = ("ask_create", "ask_status", "create_relay", "confirm_status")
@@ -170,7 +170,6 @@ def _scenario(f: Facts) -> dict:
 def _make_task(family: str, task_id: str, rng: random.Random, pool: dict):
     from tau2.data_model.tasks import Task
 
-    from tau2_adapter.generate import _title
 
     numbers = rng.sample(list(pool["users"]), rng.randint(1, 3))
     users = {f"user_{n}": {"user_id": f"user_{n}", "name": f"{rng.choice(pool['first'])} {rng.choice(pool['last'])}",

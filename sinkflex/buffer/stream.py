@@ -11,12 +11,22 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Self, TypeVar
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from tenacity import (RetryError, Retrying, retry_if_exception, retry_if_result, stop_after_attempt, stop_after_delay,
-                      stop_never, wait_exponential, wait_random_exponential)
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+    stop_never,
+    wait_exponential,
+    wait_random_exponential,
+)
 
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.buffer.embedded import redacted, resolve_redis_url
@@ -40,7 +50,6 @@ def _retryable(err: BaseException) -> bool:
 
 def _warn_if_open(url: str) -> None:
     """Logs a warning for a TCP Redis URL with no password to a host that is not loopback."""
-    from urllib.parse import urlsplit
 
     try:
         parts = urlsplit(url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,8 +37,8 @@ def show(
     """
     import yaml
 
-    from sinkflex_rl.config import LAUNCH, load_train_config
     from sinkflex.config import ConfigError, describe_source
+    from sinkflex_rl.config import LAUNCH, load_train_config
 
     overrides = overrides or []
     try:
@@ -69,7 +70,6 @@ def schema() -> None:
     JSON Schema draft 2020-12, service sections included (each described by that service's
     own config class); for editors and `check-jsonschema`.
     """
-    import json
 
     from sinkflex_rl.config import experiment_schema
 

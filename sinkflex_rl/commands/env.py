@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from sinkflex_rl.commands import check_address
 from sinkflex.service_cli import APP_SETTINGS
+from sinkflex_rl.commands import check_address, env_client
 
 app = typer.Typer(help="The env service: serve, check conformance, replay golden actions.",
                   no_args_is_help=True, **APP_SETTINGS)
@@ -82,9 +82,7 @@ def replay(
     from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs()
-    from sinkflex_rl.commands import env_client
     from env_service.replay import replay_golden
-
     from sinkflex.errors import ServiceError
 
     try:

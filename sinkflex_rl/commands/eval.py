@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -62,7 +64,6 @@ def evaluate_policy(cfg, clients, policy: str, config: str = "", alive_check=lam
     Raises:
         ConfigError: the reward service does not know the env or a task (`Controller.check_reward`).
     """
-    import json
 
     from sinkflex_rl.controller import Controller, validation_dir
 
@@ -114,8 +115,6 @@ def evaluate(
     it). The experiment (task set, rollout limits, services) is the policy's run's
     experiment.yaml, or --config. Exits 2 on a bad config or policy, 3 when a launched service dies.
     """
-    import json
-    import time
 
     import yaml
     from rich.console import Console

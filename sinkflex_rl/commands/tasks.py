@@ -18,8 +18,8 @@ from typing import Optional
 
 import typer
 
-from sinkflex_rl.commands import check_address
 from sinkflex.service_cli import APP_SETTINGS
+from sinkflex_rl.commands import check_address, env_client
 
 #: Most tasks one `tasks generate` writes per split (the generator holds them all in memory).
 MAX_TASKS = 100_000
@@ -44,7 +44,12 @@ def generate(
     from rich.console import Console
     from rich.table import Table
 
-    from tau2_adapter.generate import FAMILIES, generate_mock_tasks, summary, write_task_dir
+    from tau2_adapter.generate import (
+        FAMILIES,
+        generate_mock_tasks,
+        summary,
+        write_task_dir,
+    )
 
     if domain != "mock":
         typer.secho(f"error: only the mock domain has a generator, got {domain!r}", fg="red", err=True)
@@ -97,11 +102,10 @@ def check(
     from rich.progress import Progress
     from rich.table import Table
 
-    from sinkflex_rl.commands import env_client
-    from tau2_adapter.logs import quiet_tau2_logs
     from env_service.replay import replay_golden
     from sinkflex.api.common.v1 import common_pb2
     from sinkflex.errors import ServiceError
+    from tau2_adapter.logs import quiet_tau2_logs
     from tau2_adapter.tasks import load_task_dir
 
     quiet_tau2_logs()

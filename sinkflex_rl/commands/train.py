@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import signal
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -42,10 +46,6 @@ def train(
     gives this session's `wall_seconds` and `groups_published`, and every session's
     `wall_seconds_all_sessions` and `groups_trained`.
     """
-    import dataclasses
-    import json
-    import signal
-    import time
 
     from rich.console import Console
 
@@ -212,8 +212,6 @@ def append_session(run_dir: Path, started: float, outcome: str) -> list[dict]:
     ``{"started": Unix time s, "wall_seconds": s, "outcome": "finished" | "interrupted" |
     "stopped"}``. summary.json sums them (``wall_seconds_all_sessions``); a session that
     ended in an uncaught exception is not recorded. A line that does not parse is skipped."""
-    import json
-    import time
 
     path = run_dir / "sessions.jsonl"
     record = {"started": round(started, 3), "wall_seconds": round(time.time() - started, 1), "outcome": outcome}
@@ -236,8 +234,6 @@ def set_aside_stopped(run_dir: Path) -> Path | None:
     Returns:
         the new path, or None when there was no stopped.json.
     """
-    import json
-    import time
 
     path = run_dir / "stopped.json"
     if not path.is_file():
