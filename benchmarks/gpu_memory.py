@@ -171,12 +171,13 @@ def markdown(record: dict) -> str:
         "",
         "configs/gpt-oss-20b.yaml's rows take that file's learner section as it trains (6 FSDP2 ranks on GPUs 2-7, "
         "micro-batch 1, max_seq_len 8,192, bf16, activation checkpointing, beta 0, `sinkflex` attention; the eager "
-        "rows swap only the attention). The yaml's comment estimated ~56 GB of training state per GPU assuming "
-        "float32 master weights; this learner keeps bf16 weights and bf16 AdamW moments on CUDA, 8 bytes per "
-        "parameter, which is what the trace counts.",
+        "rows swap only the attention). The estimate that file carried before (~56 GB of training state per GPU "
+        "plus ~25 GB of activations) assumed float32 master weights; this learner keeps bf16 weights and bf16 AdamW "
+        "moments on CUDA, 8 bytes a parameter, which is what the trace counts.",
         "",
-        "The `gpu_check` rows are benchmarks/gpu_check.py's learner part (gpt-oss-20b's first layers, one GPU): "
-        "when a GPU run happens, its measured peaks go beside these predictions (docs/gpu_check.json).",
+        "The `gpu_check` rows are benchmarks/gpu_check.py's learner part (gpt-oss-20b's first 12 layers, one GPU, "
+        "FSDP2 over NCCL with world size 1): when a GPU run happens, its measured peaks go beside these predictions "
+        "(docs/gpu_check.json). None has happened yet: the session that built this had no GPU lent.",
         "",
         "## Reading the parts",
         "",
@@ -186,8 +187,8 @@ def markdown(record: dict) -> str:
         "- optimizer state: AdamW's two moments (bf16, like the weights), and at the optimizer step its for-each "
         "temporary (√v of every shard);",
         "- activations / attention / logits: tensors allocated in the model's decoder layers / inside its attention "
-        "modules / inside lm_head, saved ones and the temporaries of their backward (gradients of a module's inputs, "
-        "and of its weights until FSDP2 classifies them, count where they are allocated); with checkpointing a layer's "
+        "modules / inside lm_head, saved ones and the temporaries of their backward (the gradients of a module's "
+        "inputs count where they are allocated, those of its weights as gradients); with checkpointing a layer's "
         "are its input, kept, and its recomputed insides during its backward;",
         "- logprob chunks: outside the model: the float32 chunks of the log-softmax, its LSE, the logits' gradient "
         "(`learner_service.logprobs.picked_logprobs`), the loss;",
@@ -206,8 +207,8 @@ def markdown(record: dict) -> str:
         "sinkflex-rl memory -m /models/my-model --no-trace          # analytic count only (seconds)",
         "```",
         "",
-        "`-m` takes a named architecture or a model folder's config.json (weights are never read); a trace of a "
-        "20B model takes minutes on two cores, `--no-trace` seconds.",
+        "`-m` takes a named architecture or a model folder's config.json (weights are never read); a trace of "
+        "gpt-oss-20b took 1-2 minutes per row on two busy cores, `--no-trace` takes seconds.",
     ]
     return "\n".join(lines) + "\n"
 
