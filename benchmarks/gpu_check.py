@@ -20,10 +20,10 @@ after each part, so a timeout still leaves the finished parts):
    shapes (`learner_service.memory_model.GPT_OSS_20B`) with ``--learner-layers`` layers, random
    weights, two learner steps of 2 rollouts × N tokens (one per micro-step, the memory model's
    step) at 4,096 and 8,192 tokens, ``attn_implementation`` "sinkflex" (compiled flex) vs "eager":
-   measured peak (``torch.cuda.max_memory_allocated`` over both steps), the second step's
-   tokens/s, and the memory model's analytic count of the same configuration beside it (its
-   traced prediction for these rows: docs/gpu_memory.json, config "gpu_check (12 layers)"). Out-of-memory is
-   recorded as such. Paper: 28.06 GB (eager) → 22.52 GB at 4,096; eager OOM at 8,192.
+   measured peak (``torch.cuda.max_memory_allocated``: the second step's, and the forward/backward's
+   read as each optimizer step begins), the second step's tokens/s, and beside them the memory
+   model's prediction of the same configuration (traced: docs/gpu_memory.json, config
+   "gpu_check (12 layers)"; analytic: computed here). Out-of-memory is recorded as such. Paper: 28.06 GB (eager) → 22.52 GB at 4,096; eager OOM at 8,192.
 4. ``model`` (optional) — the same table on a bare transformers loop (no learner), ``--layers``.
 6. ``kernel`` (optional, ``--kernel-bench``) — one layer, eager vs flex with / without
    sinks vs SDPA: time and peak memory at 4096..32768 tokens.
@@ -382,11 +382,18 @@ def part_learner(results: dict, layers: int, sizes: list[int], out_dir: Path) ->
     results["learner"] = {"layers": layers, "params_b": (root + sum(per_layer)) / 1e9, "gpus": 1, "runs": {}}
     print(f"  learner: {layers} layers of gpt-oss-20b, {(root + sum(per_layer)) / 1e9:.2f} B parameters", flush=True)
     graphs_before = int(counters["stats"]["unique_graphs"])
+    table = Path(__file__).resolve().parents[1] / "docs" / "gpu_memory.json"  # the memory model's traced rows
+    predicted = {(r["seq_len"], r["attention"]): r for r in (json.loads(table.read_text())["rows"] if table.exists() else [])
+                 if r["config"] == f"gpu_check ({layers} layers)" and r["gpus"] == 1}
     for n in sizes:
         for attention in ("sinkflex", "eager"):
             row = _learner_steps(arch, n, attention, out_dir)
             a_peak, a_parts, a_phase = analytic_peak(arch, n, 1, attention)
             row.update(analytic_peak_gb=a_peak / 1e9, analytic_phase=a_phase)
+            if (n, attention) in predicted and row["status"] == "ok" and row["peak_allocated_gb"] > 0:
+                p = predicted[(n, attention)]
+                row.update(predicted_peak_gb=p["predicted_peak_gb"], predicted_phase_peaks_gb=p.get("phase_peaks_gb"),
+                           predicted_vs_measured=p["predicted_peak_gb"] / row["peak_allocated_gb"] - 1)
             if row["status"] == "ok" and row["peak_allocated_gb"] > 0:  # (0 in the CPU dry run: no CUDA counters)
                 row["analytic_vs_measured"] = a_peak / (row["peak_allocated_gb"] * 1e9) - 1
             results["learner"]["runs"][f"{attention}@{n}"] = row
