@@ -14,7 +14,14 @@ after each part, so a timeout still leaves the finished parts):
    must have compiled graphs, the profiler must show Triton kernels, and a 16,384-token
    forward+backward (64 heads) must stay far below the 64 GiB a dense fp32 score matrix
    would need.
-3. ``learner`` — the paper's table through the project's own learner: `learner_service.trainer.
+3. ``shared_prefix`` — a GRPO group as one row [prefix | suffix_1 | … | suffix_G]
+   (`generate_shared_prefix`, block mask from its mask_mod, built by compiled
+   ``create_block_mask``), gpt-oss geometry, bf16, sinks, sliding window 128 (shorter than
+   the prefix) and full causal: flex against the float64 reference on the same mask
+   (outputs and gradients within 2× transformers' eager bf16 error), the reference against
+   each rollout computed alone (exactly the same attention), and the block mask's sparsity
+   (the suffixes never visit each other's blocks).
+4. ``learner`` — the paper's table through the project's own learner: `learner_service.trainer.
    Learner` (FSDP2 over NCCL, world size 1; bf16 weights, gradients and AdamW moments; activation
    checkpointing; the chunked float32 log-probs and the GRPO loss) on gpt-oss-20b's exact layer
    shapes (`learner_service.memory_model.GPT_OSS_20B`) with ``--learner-layers`` layers, random
@@ -23,8 +30,9 @@ after each part, so a timeout still leaves the finished parts):
    measured peak (``torch.cuda.max_memory_allocated``: the second step's, and the forward/backward's
    read as each optimizer step begins), the second step's tokens/s, and beside them the memory
    model's prediction of the same configuration (traced: docs/gpu_memory.json, config
-   "gpu_check (12 layers)"; analytic: computed here). Out-of-memory is recorded as such. Paper: 28.06 GB (eager) → 22.52 GB at 4,096; eager OOM at 8,192.
-4. ``model`` (optional) — the same table on a bare transformers loop (no learner), ``--layers``.
+   "gpu_check (12 layers)"; analytic: computed here). Out-of-memory is recorded as such.
+   Paper: 28.06 GB (eager) → 22.52 GB at 4,096; eager OOM at 8,192.
+5. ``model`` (optional) — the same table on a bare transformers loop (no learner), ``--layers``.
 6. ``kernel`` (optional, ``--kernel-bench``) — one layer, eager vs flex with / without
    sinks vs SDPA: time and peak memory at 4096..32768 tokens.
 
@@ -32,7 +40,7 @@ Needs: torch ≥ 2.11 with CUDA and Triton (the GPU machine: torch 2.11, CUDA 13
 transformers 5.17), pydantic (carried as wheels: benchmarks/gpu_wheels.sh), run from the
 repository root::
 
-    PYTHONPATH=. python benchmarks/gpu_check.py                   # parts 1-3 and 5, ~5-8 min
+    PYTHONPATH=. python benchmarks/gpu_check.py                   # parts 1-4, ~5-8 min
     PYTHONPATH=. python benchmarks/gpu_check.py --parts learner --learner-layers 4
 """
 
@@ -143,7 +151,7 @@ def part_correctness(results: dict) -> None:
         results["correctness"][name] = row
 
 
-# ---- part 4: shared prefix ----------------------------------------------------------------
+# ---- part 3: shared prefix ----------------------------------------------------------------
 
 
 def part_shared_prefix(results: dict) -> None:
@@ -221,7 +229,7 @@ def part_compiled(results: dict) -> None:
     )
 
 
-# ---- part 3 ------------------------------------------------------------------------------
+# ---- part 5: a bare transformers loop ------------------------------------------------------------------------------
 
 
 def _gpt_oss_20b_config(layers: int):
@@ -313,7 +321,7 @@ def part_model(results: dict, layers: int, sizes: list[int], experts: str) -> No
                 check(row["status"] == "ok", f"model: sinkflex training step at {n} tokens runs")
 
 
-# ---- part 3: the learner ------------------------------------------------------------------
+# ---- part 4: the learner ------------------------------------------------------------------
 
 
 def _learner_arch(layers: int) -> dict:
