@@ -229,7 +229,7 @@ def part_compiled(results: dict) -> None:
     )
 
 
-# ---- part 5: a bare transformers loop ------------------------------------------------------------------------------
+# ---- part 5: a bare transformers loop -------------------------------------------------------
 
 
 def _gpt_oss_20b_config(layers: int):
