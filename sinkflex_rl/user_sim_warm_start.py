@@ -120,7 +120,7 @@ def train_user_sim(model_dir: str, groups: list[common_pb2.TrajectoryGroup], out
     from learner_service.trainer import Learner
 
     cfg = LearnerConfig.model_validate(dict(
-        run_dir=str(out_dir), model=dict(path=str(model_dir), seed=seed, attn_implementation="sdpa"),
+        run_dir=str(out_dir), model=dict(path=str(model_dir), seed=seed),  # the sink path: shared-prefix rows
         optim=dict(lr=lr), batch=dict(micro_batch_size=micro_batch_size),
         warm_start=dict(epochs=epochs, lr=lr, eps=1e-5, batch_size=batch_size), tensorboard=False))
     learner = Learner(cfg, metrics=False)
