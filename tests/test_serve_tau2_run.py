@@ -4,8 +4,8 @@ it was trained on, and τ²-Bench's own `tau2 run` runs against it (docs/eval.md
 - the server's /tokenize of an OpenAI conversation with tools (what any client sends) equals, token
   for token, what the rollout service renders for the same episode (`ChatTemplateFormatter`);
 - a chat completion with tools goes through vLLM's Hermes tool parser;
-- `tau2 run` (solo agent, one mock task, one trial, a few steps) on the server writes its results
-  file, which τ²-Bench's loader reads.
+- `tau2 run` (τ²-Bench's agent and user simulator, both the served policy; one mock task, one
+  trial, a few steps) on the server writes its results file, which τ²-Bench's loader reads.
 """
 
 from __future__ import annotations
@@ -110,15 +110,19 @@ def test_served_prompt_is_the_trained_prompt(served_policy, trained_run):
 
 
 def test_tau2_run_against_the_served_policy(served_policy, tmp_path):
+    """τ²-Bench's own orchestrator, agent (`llm_agent`) and user simulator (`user_simulator`), both
+    LLMs the served policy (offline: no other model), on one dual-control mock task. (τ²-Bench's
+    solo agent, `llm_agent_solo`, raises on the first reply that is not a tool call, which an
+    untrained policy writes.)"""
     from tau2.data_model.simulation import Results
 
-    args = {"api_base": f"{served_policy}/v1", "temperature": 0.0, "max_tokens": 48}
+    llm = json.dumps({"api_base": f"{served_policy}/v1", "temperature": 0.0, "max_tokens": 48})
     done = subprocess.run(
         [sys.executable, "-c", "from tau2.cli import main; main()", "run", "--domain", "mock",
-         "--agent", "llm_agent_solo", "--user", "dummy_user", "--agent-llm", f"openai/{SERVED}",
-         "--agent-llm-args", json.dumps(args), "--agent-api-key", "EMPTY", "--task-ids", "create_task_1",
-         "--num-trials", "1", "--max-steps", "6", "--max-concurrency", "1", "--max-retries", "0",
-         "--results-dir", str(tmp_path), "--save-to", "served"],
+         "--agent", "llm_agent", "--agent-llm", f"openai/{SERVED}", "--agent-llm-args", llm, "--agent-api-key", "EMPTY",
+         "--user", "user_simulator", "--user-llm", f"openai/{SERVED}", "--user-llm-args", llm, "--user-api-key", "EMPTY",
+         "--task-ids", "create_task_1", "--num-trials", "1", "--max-steps", "6", "--max-concurrency", "1",
+         "--max-retries", "0", "--results-dir", str(tmp_path), "--save-to", "served"],
         capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -126,4 +130,4 @@ def test_tau2_run_against_the_served_policy(served_policy, tmp_path):
     (sim,) = results.simulations
     assert sim.task_id == "create_task_1" and sim.reward_info is not None and 0.0 <= sim.reward_info.reward <= 1.0
     assert results.info.agent_info.llm == f"openai/{SERVED}"
-    assert any(m.role == "assistant" for m in sim.messages)
+    assert any(m.role == "assistant" for m in sim.messages) and any(m.role == "user" for m in sim.messages)
