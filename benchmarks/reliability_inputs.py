@@ -1072,8 +1072,7 @@ of it (every family and RPC, fewer cases) runs in the suite
 
 The servers: `python -m env_service --domains mock` and `python -m reward_service`, each its
 own process on loopback, the rollout service's own server and servicer in the state it
-answers from while its engine loads, and (below) the rollout service with its engine loaded and
-the learner service. RPCs hit: {', '.join(f'`{m}`' for m in result['methods'])}.
+answers from while its engine loads{{loaded_where}}. RPCs hit: {', '.join(f'`{m}`' for m in result['methods'])}.
 
 A case is **clear** when its status is the expected one and never UNKNOWN or INTERNAL; a
 refusal (and a ScoreBatch item's error) carries a non-empty message of at most 1 KiB; an
@@ -1145,7 +1144,9 @@ Decision: **the result is retrievable** (`env_service/core.py`, `EnvCore.step`).
   INVALID_ARGUMENT. The rollout service sends the turn number as request_id; the campaign's
   two client-side cases carry one, and `tests/test_reliability_inputs.py` runs them all.
 """
-    md = md.replace("{BEFORE}", BEFORE)
+    md = md.replace("{BEFORE}", BEFORE).replace("{loaded_where}", (
+        ", and (below) the rollout service with its engine loaded and the learner service" if loaded else
+        " (this run: without the loaded engine and the learner service, `--no-engine`)"))
     _replace_sections(md_path, {"Bad input": md})
 
 
@@ -1193,7 +1194,8 @@ def main() -> None:
             result["loaded"] = sec.run_loaded(lambda s: print(s, flush=True), prepare_model("smollm2"), work / "loaded",
                                               authz="authz" in sections)
             authz_result = result["loaded"].pop("authz_result")
-        command = f".venv/bin/python benchmarks/reliability_inputs.py --seed {a.seed} --cases {a.cases}"
+        command = (f".venv/bin/python benchmarks/reliability_inputs.py --seed {a.seed} --cases {a.cases} --sections bad_inputs"
+                   + (" --no-engine" if a.no_engine else ""))
         write_report(result, a.seed, a.out, a.json, command)
         print(json.dumps(result["bad_inputs"]), json.dumps({k: result.get("loaded", {}).get(k) for k in
                                                             ("tried", "clear_status", "unclear", "state_changed")}), flush=True)
