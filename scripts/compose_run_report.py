@@ -45,10 +45,20 @@ def images(cold: list[dict], warm: list[dict]) -> list[dict]:
     for c in cold:
         row = {"name": c["name"], "image": c["image"], "built": bool(c["built"]), "size_mb": c["size_mb"],
                "build_s": c["build_s"]}
+        row.update({k: v for k, v in c.items() if k not in row and k != "started"})
         if c["name"] in warm_by_name:
             row["build_s_warm"] = warm_by_name[c["name"]]["build_s"]
             row["size_mb_warm"] = warm_by_name[c["name"]]["size_mb"]
         out.append(row)
+    return out
+
+
+def first_healthy(events: list[dict], up_t: float | None) -> dict[str, float]:
+    """{service: seconds from "up" to its first "healthy"}."""
+    out: dict[str, float] = {}
+    for e in events:
+        if e["event"] == "healthy" and up_t:
+            out.setdefault(e["service"], round(e["t"] - up_t, 1))
     return out
 
 
@@ -71,8 +81,7 @@ def run(summary: dict, events: list[dict], steps: int | None, reference: dict | 
         "sessions": summary.get("sessions"),
         "up_to_all_healthy_s": round(by["all_healthy"]["t"] - up_t, 1) if up_t and "all_healthy" in by else None,
         "compose_wall_s": round(finished_event["t"] - up_t, 1) if up_t and finished_event else None,
-        "healthy_after_s": {e["service"]: round(e["t"] - up_t, 1) for e in events
-                            if e["event"] == "healthy" and up_t} if up_t else {},
+        "healthy_after_s": first_healthy(events, up_t),
         "policy_version": summary.get("policy_version"),
         "train_steps": summary.get("train_steps"),
         "groups_published": summary.get("groups_published"),
