@@ -476,7 +476,7 @@ buffer's and learner's figures under `faults_detail`. **{ok} of {len(rows)}** fa
 in-run with 0 groups lost and 0 trained twice.
 
 Each campaign is one tiny `sinkflex-rl train` (mock domain, SmolLM2, `tiny_config`: 1 task x 2
-samples a step, `local.max_restarts` 8; the user simulator's campaign in dual-control mode with
+samples a step, `local.max_restarts` 12; the user simulator's campaign in dual-control mode with
 SmolLM2 as the user simulator on its own vLLM server) that takes its faults in turn, one per RL
 step, and must finish by itself (exit 0, never re-run). A fault is sent at its moment, watched
 from outside the services: **mid-rollout** (the rollout service reports groups in flight, then 1 s),
@@ -534,6 +534,10 @@ machine; that claim rests on the setting). Compose and the chart run `redis-serv
 yes` with Redis' default `appendfsync everysec`: a kill loses no answered write, a power loss up
 to about a second of writes.
 """
+    done = {key(r) for r in rows}
+    missing = [f"{p} {a} {m}" for c in CAMPAIGNS.values() for p, a, m in c[0] if (p, a, m) not in done]
+    if missing:
+        section += f"\nNot in this table (not measured on this code; `--campaigns` runs them): {', '.join(missing)}.\n"
     old = md_path.read_text() if md_path.exists() else "# Reliability\n"
     marker = "\n## "
     parts = old.split(marker)
