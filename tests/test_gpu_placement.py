@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from sinkflex_rl.config import LocalConfig, load_train_config
+from sinkflex_rl.local import OFFLINE
 from sinkflex_rl.placement import Placement, place, visible_gpus
 from sinkflex.config import ConfigError
 
@@ -186,7 +187,7 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
                                                if not (Path(p) / "nvidia-smi").exists()))
     cfg, specs, rollout = _launch(monkeypatch, tmp_path, config)  # visible: detected
-    redis = {"REDIS_URL": "redis://127.0.0.1:1/0"}
+    redis = {"REDIS_URL": "redis://127.0.0.1:1/0", **OFFLINE}  # services run offline (local folders only)
     cfgs = cfg.run.dir() / "configs"
     py = sys.executable
     for name, module in [("env", "env_service"), ("reward", "reward_service"), ("rollout", "rollout_service")]:
@@ -202,7 +203,7 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     assert specs["learner"].env == {**redis, **learner_cpu_env(cfg.local, on_gpus=False)}
     if config == "retail.yaml":
         sim = specs["user_sim"]
-        assert sim.env == {"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1))}
+        assert sim.env == {"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1)), **OFFLINE}
         assert sim.argv[-4:] == ["--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed)]
         assert "--tensor-parallel-size" not in sim.argv and "--gpu-memory-utilization" not in sim.argv
     else:
@@ -300,7 +301,7 @@ def test_cpu_engine_binding_follows_the_mode(monkeypatch, tmp_path, overrides, e
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _, specs, _ = _launch(monkeypatch, tmp_path, "demo.yaml", overrides, visible=[])
-    assert specs["rollout"].env == {"REDIS_URL": "redis://127.0.0.1:1/0", **engine_cpu_env(expected)}
+    assert specs["rollout"].env == {"REDIS_URL": "redis://127.0.0.1:1/0", **OFFLINE, **engine_cpu_env(expected)}
     # bound to every core, the engine runs at a lower priority; the others as the launcher
     assert specs["rollout"].nice == (local.ENGINE_NICE if expected == "all" else 0)
     assert all(s.nice == 0 for n, s in specs.items() if n != "rollout")
