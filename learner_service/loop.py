@@ -228,7 +228,12 @@ class LearnerRunner:
         if learner.ref_model is not None and ws > 0 and learner.reference_version != ws:
             self._load_reference(ws)  # resumed after the warm start: π_ref is the warm-start policy
         v = learner.state.policy_version
-        if v > 0 and not policy_dir(cfg.run_dir, v).is_dir():
+        # rank 0 decides for every rank (publishing is collective; another rank may look at the
+        # folder before rank 0 has renamed it into place)
+        unpublished = [v > 0 and not policy_dir(cfg.run_dir, v).is_dir()]
+        if learner.world > 1:
+            dist.broadcast_object_list(unpublished, src=0)
+        if unpublished[0]:
             publish_policy(learner)  # crashed between checkpoint and publish
         else:
             learner.state.published_version = v
