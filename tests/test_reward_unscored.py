@@ -130,13 +130,15 @@ def test_score_batch_failures_are_unscored_never_zero(mock_trajectories, local):
     assert math.isnan(items[2].breakdown.reward) and "termination_reason" in items[2].error
 
 
-def test_rollout_service_keeps_nan_and_counts_unscored(mock_trajectories, local):
+def test_rollout_service_keeps_nan_and_counts_unscored(mock_trajectories, local, smollm2_dir):
+    from transformers import AutoTokenizer
+
     from rollout_service.agent import AgentLoop
 
     good = mock_trajectories[CREATE].request
     trajs = [common_pb2.Trajectory(env=r.env, task_id=r.task_id, messages=r.messages,
                                    termination_reason=r.termination_reason) for r in (good, _broken(good), good)]
-    loop = AgentLoop(engine=None, tokenizer=None, env=None, reward=local)
+    loop = AgentLoop(engine=None, tokenizer=AutoTokenizer.from_pretrained(smollm2_dir), env=None, reward=local)
     asyncio.run(loop._score(trajs, solo_mode=True))
     assert [t.reward for t in trajs][::2] == [1.0, 1.0] and math.isnan(trajs[1].reward)
     assert [t.metrics["unscored"] for t in trajs] == [0.0, 1.0, 0.0]

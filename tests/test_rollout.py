@@ -129,7 +129,8 @@ def test_update_weights_changes_generation_without_restart(rollout_stack, client
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(ServiceError) as err:
         client.update_weights(v0, str(smollm2_dir))
-    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    # not above the served version: refused (version 0, the base model, is never a published version)
+    assert err.value.code == (grpc.StatusCode.INVALID_ARGUMENT if v0 == 0 else grpc.StatusCode.FAILED_PRECONDITION)
 
     perturbed = tmp_path / "perturbed"
     perturbed.mkdir()

@@ -103,7 +103,7 @@ def test_reward_service_metrics_flags(monkeypatch):
 
 
 def test_local_launcher_uses_no_metrics():
-    source = (ROOT / "driver" / "local.py").read_text()
+    source = (ROOT / "sinkflex_rl" / "local.py").read_text()
     assert "--metrics-port" not in source
     assert source.count('"--no-metrics"') == 4  # env, reward, rollout, learner
 
