@@ -169,6 +169,7 @@ def run(args: Namespace) -> int:
     try:
         step = runner.run(max_steps=args.max_steps)
         logging.getLogger("learner_service").info("stopped at step %d, policy version %d", step, learner.state.policy_version)
+        _wait_for_every_rank()
     finally:
         if server is not None:
             server.stop()
@@ -180,6 +181,16 @@ def run(args: Namespace) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def _wait_for_every_rank() -> None:
+    """Barrier before a clean exit: rank 0 writes the last published version after the
+    collective gather, and a rank that tore its gloo process group down while rank 0 was still
+    writing aborted (``terminate called without an active exception``), failing the job."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
 
 
 if __name__ == "__main__":
