@@ -147,10 +147,9 @@ class TaskConfig(StrictModel):
 
 
 class GenerateConfig(StrictModel):
-    """A generated task set (tau2_adapter.generate): splits "train" and "test"."""
+    """A generated task set (tau2_adapter.generate): splits "train" and "test", for the domain
+    task.env (the generators know τ²-Bench's mock domain)."""
 
-    domain: Literal["mock"] = "mock"
-    """The domain to generate for (the generator knows τ²-Bench's mock domain)."""
     kind: Literal["solo", "dual"] = "solo"
     """solo: tasks with a ticket, for solo mode (tau2_adapter.generate). dual: tasks whose facts
     only the user holds, run with the user simulator (tau2_adapter.generate_dual; needs
@@ -158,6 +157,13 @@ class GenerateConfig(StrictModel):
     train: int = Field(200, ge=1, le=100_000)
     test: int = Field(64, ge=1, le=100_000)
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _domain_is_task_env(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "domain" in data:
+            raise ValueError("task.generate.domain is not a setting: tasks are generated for task.env; remove it")
+        return data
 
 
 class WarmStartSettings(SFTConfig):
@@ -380,8 +386,8 @@ class TrainConfig(StrictModel):
         """The rules between job sections (defined before `_typed_sections`, so they run first)."""
         if self.task.generate is not None and self.task.generate.kind == "dual" and self.task.solo_mode:
             raise ValueError("task.generate.kind dual makes tasks that need the user simulator: set task.solo_mode false")
-        if self.task.generate is not None and self.task.generate.domain != self.task.env:
-            raise ValueError(f"task.generate.domain ({self.task.generate.domain}) must equal task.env ({self.task.env})")
+        if self.task.generate is not None and self.task.env != "mock":
+            raise ValueError(f"task.generate makes tasks for τ²-Bench's mock domain only; task.env is {self.task.env!r}")
         if self.services.external() and self.warm_start.enabled:
             raise ValueError("warm_start.enabled needs the local launcher (the driver writes the demonstrations the learner "
                              "reads before it starts); with running services, warm-start offline and set models.policy")

@@ -248,7 +248,8 @@ def prepare_task_files(cfg: TrainConfig) -> list[str]:
 
         out = cfg.run.dir() / "tasks"
         stamp = out / "generate.json"  # what generated them: a re-run with other settings must not reuse them
-        want = g.model_dump(mode="json", exclude={"kind"} if g.kind == "solo" else None)  # a solo set's stamp has no kind
+        want = {"domain": cfg.task.env,  # a solo set's stamp has no kind
+                **g.model_dump(mode="json", exclude={"kind"} if g.kind == "solo" else None)}
         if (out / "tasks.json").is_file():
             have = json.loads(stamp.read_text()) if stamp.is_file() else None
             if have != want:
@@ -261,7 +262,7 @@ def prepare_task_files(cfg: TrainConfig) -> list[str]:
             generate = generate_dual_tasks if g.kind == "dual" else generate_mock_tasks
             write_task_dir(generate(train=g.train, test=g.test, seed=g.seed), out)
             stamp.write_text(json.dumps(want, sort_keys=True) + "\n")
-            log.info("generated %d train + %d test %s tasks into %s", g.train, g.test, g.domain, out)
+            log.info("generated %d train + %d test %s tasks into %s", g.train, g.test, cfg.task.env, out)
         files.append(str(out))
     return files
 

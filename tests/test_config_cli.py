@@ -146,7 +146,7 @@ def test_config_show_prints_the_resolved_experiment_which_reloads_to_the_same_co
     assert result.stdout.startswith(f"# {DEMO} --set rollout.group_size=4 --set validation.trials=3, resolved")
     assert shown["rollout"]["group_size"] == 4 and shown["validation"]["trials"] == 3
     assert shown["run"]["step_timeout_s"] == 3600.0 and shown["local"]["max_restarts"] == 3  # defaults filled in
-    assert shown["task"]["generate"] == {"domain": "mock", "kind": "solo", "train": 256, "test": 64, "seed": 0}
+    assert shown["task"]["generate"] == {"kind": "solo", "train": 256, "test": 64, "seed": 0}
     assert shown["learner_service"] == {"optim": {"lr": 2.0e-5, "eps": 1.0e-5, "scheduler": "linear", "warmup_steps": 0},
                                 "batch": {"micro_batch_size": 80, "shared_prefix_across_groups": True},
                                 "grpo": {"beta": 0.0}}  # service sections as written

@@ -77,7 +77,7 @@ def test_experiment_routes_its_env(tmp_path):
     ({"task": {"reward": "env", "reward_address": "h:1"}}, "task.reward_address is set, but task.reward is 'env'"),
     ({"rollout_service": {"envs": {"bookshop": {"reward": "service"}}}},
      "rollout_service.envs.bookshop.reward is derived from task.reward"),
-    ({"task": {"generate": {"domain": "mock"}, "env": "mock"}}, "task.generate writes tasks for the local env service"),
+    ({"task": {"generate": {}, "env": "mock"}}, "task.generate writes tasks for the local env service"),
     ({"env_service": {"domains": ["mock"]}}, "env_service configures the local env service"),
     ({"services": {"reward_address": "h:2"}}, "missing: rollout_address, learner_address"),
 ])

@@ -60,6 +60,8 @@ def _write(tmp_path, data):
         ({"learner": {"optim": {"lr": 1e-5}}}, "learner: Value error, the section 'learner' is now 'learner_service'"),
         ({"warm_start": {"demonstrations": 8}}, "warm_start.demonstrations (a number of train tasks) is now warm_start.tasks"),
         ({"rollout": {"max_staleness": 1}, "learner_service": {"grpo": {"old_logprobs": "recompute"}}}, "use 'engine'"),
+        ({"task": {"generate": {"domain": "mock"}}}, "task.generate.domain is not a setting: tasks are generated for task.env"),
+        ({"task": {"env": "retail", "generate": {}}}, "task.generate makes tasks for τ²-Bench's mock domain only; task.env is 'retail'"),
     ],
 )
 def test_bad_fields_are_named(tmp_path, patch, message):
@@ -164,7 +166,7 @@ def test_warm_start_and_generated_tasks_need_the_local_launcher(tmp_path):
         validate_config({"services": services, "warm_start": {"enabled": True}}, TrainConfig)
     with pytest.raises(ConfigError, match="task.generate needs the local launcher"):
         validate_config({"services": services, "task": {"env": "mock", "generate": {"train": 4, "test": 2}}}, TrainConfig)
-    with pytest.raises(ConfigError, match="must equal task.env"):
+    with pytest.raises(ConfigError, match="task.generate makes tasks for τ²-Bench.s mock domain only"):
         validate_config({"task": {"env": "retail", "generate": {"train": 4, "test": 2}}, "models": {"user_simulator": None},
                          "services": {}}, TrainConfig)
     cfg = validate_config({"task": {"env": "mock", "solo_mode": True, "generate": {"train": 4, "test": 2}},

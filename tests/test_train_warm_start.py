@@ -26,7 +26,7 @@ def test_generate_warm_start_and_one_rl_step(tmp_path, smollm2_dir):
     run_dir = tmp_path / "run"
     config = {
         "run": {"name": "warm", "output_dir": str(run_dir), "steps": 1, "seed": 0, "step_timeout_s": 900},
-        "task": {"env": "mock", "solo_mode": True, "generate": {"domain": "mock", "train": 8, "test": 4, "seed": 0},
+        "task": {"env": "mock", "solo_mode": True, "generate": {"train": 8, "test": 4, "seed": 0},
                  "tasks_per_step": 1},
         "rollout": {"group_size": 2, "temperature": 1.0, "max_new_tokens": 48, "max_turns": 3, "max_context_tokens": 2048},
         "validation": {"every_steps": 1, "num_tasks": 4, "trials": 1},
