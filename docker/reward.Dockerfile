@@ -35,7 +35,10 @@ COPY configs ./configs
 COPY --chmod=0755 docker/sinkflex_service.py /usr/local/bin/sinkflex-service
 RUN pip install --no-deps . && rm -rf build /tmp/build
 
-RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex
+# /data: mount point of the run folder's volume (compose's `data`), writable by the service user
+# where a one-shot job of this image writes into it first (the generated tasks)
+RUN useradd --uid 10001 --user-group --create-home --home-dir /home/sinkflex sinkflex \
+ && mkdir -p /data && chown 10001:10001 /data
 USER 10001:10001
 
 # OCI image annotations (https://github.com/opencontainers/image-spec/blob/main/annotations.md),

@@ -15,7 +15,9 @@ without the timer). This script is that timer: it runs `podman healthcheck run` 
    depends on, transitively, in dependency order.
 2. It starts each service with `CMD up -d --no-deps SERVICE` once every `depends_on` of it
    holds: `service_healthy` (its health check passed, run here every `healthcheck.interval`),
-   `service_started` (running) or `service_completed_successfully` (exited 0).
+   `service_started` (running) or `service_completed_successfully` (exited 0; a one-shot
+   job that exits non-zero ends this script with its exit code, as Docker Compose stops:
+   "service X didn't complete successfully").
 3. It then keeps running every started container's health check at its interval and
    waits until every TARGET whose `restart` is "no" has exited (the others: until
    interrupted), and exits with the first non-zero exit code of those, else 0.
@@ -62,6 +64,12 @@ def duration_s(value: str | int | float | None, default: float) -> float:
     if not parts or "".join(n + u for n, u in parts) != value.replace(" ", ""):
         raise ValueError(f"not a compose duration: {value!r}")
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def has_healthcheck(service: dict) -> bool:
+    """The service has a health check that runs (not `disable: true`, not test NONE)."""
+    hc = service.get("healthcheck")
+    return bool(hc) and not hc.get("disable") and (hc.get("test") or [None])[0] != "NONE"
 
 
 def dependencies(service: dict) -> dict[str, str]:
@@ -145,9 +153,9 @@ class Stack:
         Returns True healthy, False failed, None not run (no container running, no health
         check, or not due).
         """
-        hc = self.services[service].get("healthcheck")
-        if not hc or hc.get("disable") or (hc.get("test") or [None])[0] == "NONE":
+        if not has_healthcheck(self.services[service]):
             return None
+        hc = self.services[service]["healthcheck"]
         now = time.monotonic()
         if not force and now - self.last_check.get(service, -1e9) < duration_s(hc.get("interval"), 30.0):
             return None
@@ -163,6 +171,16 @@ class Stack:
             self.healthy.discard(service)
             self.emit("unhealthy", service)
         return ok
+
+    def failed_job(self, dep: str, condition: str) -> int | None:
+        """The exit code of `dep` when `condition` is service_completed_successfully and it
+        exited non-zero (a failed one-shot job: it will never complete); else None."""
+        if condition != "service_completed_successfully":
+            return None
+        info = self.container(dep)
+        if info is None or info["State"]["Running"] or info["State"]["Status"] != "exited":
+            return None
+        return info["State"]["ExitCode"] or None
 
     def condition_holds(self, dep: str, condition: str) -> bool:
         info = self.container(dep)
@@ -210,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     order = start_order(stack.services, args.targets)
     stack.emit("up", services=order)
     started: list[str] = []
-    with_health = {s for s in order if stack.services[s].get("healthcheck")}
+    with_health = {s for s in order if has_healthcheck(stack.services[s])}
     all_healthy_seen = False
     for service in order:
         deadline = time.monotonic() + args.timeout
@@ -219,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() > deadline:
                 stack.emit("timeout", service, waiting_for=waits)
                 return 1
+            for d, c in waits.items():
+                code = stack.failed_job(d, c)
+                if code is not None:
+                    stack.emit("failed", d, exit_code=code, needed_by=service)
+                    return code
             stack.watch(started)
             time.sleep(1.0)
         stack.up(service)

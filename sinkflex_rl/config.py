@@ -170,7 +170,15 @@ class WarmStartSettings(SFTConfig):
     """Supervised warm start from the train split's golden actions, before GRPO (sinkflex_rl/warm_start.py,
     learner_service/sft.py). Its result is published as policy version 1; RL step N gives version N + 1.
     The training fields are the learner's own (`learner_service.config.SFTConfig`); the driver
-    adds the demonstration file (the learner's warm_start.demonstrations) at launch."""
+    adds the demonstration file (the learner's warm_start.demonstrations) at launch.
+
+    With running services (`services` all set: compose, the chart) the driver launches nothing:
+    the demonstrations are written by the one-shot `sinkflex-service warm-start` job (after env
+    and reward, before the learner) and the learner is started with them (`sinkflex-service
+    learner` sets learner_service.warm_start.demonstrations); `enabled` then tells the driver to
+    validate the base model while the learner trains on them and to wait for policy version 1.
+    A learner started without them never publishes version 1: the driver stops after
+    run.step_timeout_s with a TimeoutError naming the version it waited for."""
 
     enabled: bool = False
     tasks: int = Field(0, ge=0)
@@ -388,9 +396,6 @@ class TrainConfig(StrictModel):
             raise ValueError("task.generate.kind dual makes tasks that need the user simulator: set task.solo_mode false")
         if self.task.generate is not None and self.task.env != "mock":
             raise ValueError(f"task.generate makes tasks for τ²-Bench's mock domain only; task.env is {self.task.env!r}")
-        if self.services.external() and self.warm_start.enabled:
-            raise ValueError("warm_start.enabled needs the local launcher (the driver writes the demonstrations the learner "
-                             "reads before it starts); with running services, warm-start offline and set models.policy")
         if self.services.external() and self.task.generate is not None:
             raise ValueError("task.generate needs the local launcher; with running services, write the tasks with "
                              "`sinkflex-rl tasks generate` where the env and reward services can read them and list them "

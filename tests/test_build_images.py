@@ -116,11 +116,14 @@ def test_compose_up_starts_every_service_after_what_it_depends_on(compose):
     enabled = {n: s for n, s in compose["services"].items() if not s.get("profiles") or "cpu" in s["profiles"]}
     order = compose_up.start_order(enabled, ["train-cpu"])
     assert order[-1] == "train-cpu"
-    assert set(order) == {"redis", "env", "reward", "user-sim-cpu", "rollout-cpu", "learner-cpu", "train-cpu"}
+    assert set(order) == {"redis", "tasks", "env", "reward", "warm-start-cpu", "user-sim-cpu", "rollout-cpu",
+                          "learner-cpu", "train-cpu"}
     for i, name in enumerate(order):
         for dep, cond in compose_up.dependencies(enabled[name]).items():
             assert order.index(dep) < i, (name, dep)
-            assert cond == "service_healthy"
+            # the one-shot jobs (the generated tasks, the warm start's demonstrations) are waited for until they exit 0
+            assert cond == ("service_completed_successfully" if dep in ("tasks", "warm-start-cpu") else "service_healthy")
+    assert order.index("tasks") < order.index("env") and order.index("warm-start-cpu") < order.index("learner-cpu")
     with pytest.raises(ValueError, match="unknown service 'nope'"):
         compose_up.start_order(enabled, ["nope"])
     with pytest.raises(ValueError, match="dependency cycle: a -> b -> a"):

@@ -203,7 +203,9 @@ def usages(all_cli_help) -> list[tuple[str, str, list[str]]]:
 
 
 def test_usages_cover_every_component(usages):
-    assert {u[1] for u in usages} == {"env", "reward", "rollout", "learner", "train", "user-sim"}
+    assert {u[1] for u in usages} == {"env", "reward", "rollout", "learner", "train", "user-sim", "tasks", "warm-start"}
+    # the one-shot jobs take no flags (sinkflex-service refuses any)
+    assert all(args == [] for _, comp, args in usages if comp in ("tasks", "warm-start"))
     assert {u[0].split(" ")[0] for u in usages} >= {"env.Dockerfile", "docker-compose.yml", "chart"}
 
 
@@ -281,3 +283,69 @@ def test_the_reward_image_entry_point_serves_grpc_health_and_metrics(tmp_path):
     assert proc.returncode in (0, -signal.SIGTERM), out[-3000:]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+# --------------------------------------------------------------------------- one-shot jobs (compose: tasks, warm-start)
+
+def test_jobs_prepare_the_demo_recipe_for_running_services(script, tmp_path):
+    """configs/demo.yaml on running services: the `tasks` job generates the task set into the run
+    folder (in the env image: no torch, transformers or vLLM), env, reward and the driver read it
+    from there, the learner trains on the warm start's demonstrations file, and the driver keeps
+    the warm start (it validates the base model and waits for version 1)."""
+    from env_service.config import EnvServiceConfig
+    from learner_service.config import LearnerConfig
+    from reward_service.config import RewardServiceConfig
+    from sinkflex.config import ConfigError, load_config
+    from sinkflex_rl.config import TrainConfig
+
+    run = tmp_path / "run"
+    environ = {**deploy_environ(ROOT / "configs" / "demo.yaml", tmp_path), "SINKFLEX_RUN_DIR": str(run)}
+    code = ("import sys, runpy\n"
+            "for m in ('torch', 'transformers', 'vllm', 'gguf', 'accelerate'): sys.modules[m] = None\n"
+            f"sys.argv = [{str(DOCKER / 'sinkflex_service.py')!r}] + sys.argv[1:]\n"
+            f"runpy.run_path({str(DOCKER / 'sinkflex_service.py')!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code, "tasks"], capture_output=True, text=True,
+                          env={**environ, "PATH": "/usr/bin:/bin"}, timeout=300, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"tasks: {run / 'tasks'} ready (256 train + 64 test)"
+    splits = json.loads((run / "tasks" / "split_tasks.json").read_text())
+    assert (len(splits["train"]), len(splits["test"])) == (256, 64)
+    assert json.loads((run / "tasks" / "generate.json").read_text())["domain"] == "mock"
+    # a second run finds them (and checks their stamp): nothing written again
+    assert script.run_job("tasks", dict(environ)) == f"tasks: {run / 'tasks'} ready (256 train + 64 test)"
+
+    _, path = script.derive("env", dict(environ))
+    assert load_config(path, EnvServiceConfig).task_files == {"mock": [str(run / "tasks")]}
+    _, path = script.derive("reward", dict(environ))
+    assert load_config(path, RewardServiceConfig).task_files == {"mock": [str(run / "tasks")]}
+    _, path = script.derive("learner", dict(environ))
+    learner = load_config(path, LearnerConfig)
+    assert learner.warm_start.demonstrations == str(run / "warm_start" / "demonstrations.pb")
+    assert (learner.warm_start.epochs, learner.warm_start.lr, learner.warm_start.batch_size) == (1, 2.0e-4, 8)
+    _, path = script.derive("train", dict(environ))
+    train = load_config(path, TrainConfig)
+    assert train.services.external() and train.warm_start.enabled
+    assert train.task.generate is None and train.task.task_files == [str(run / "tasks")]
+    assert (train.task.train_split, train.task.eval_split, train.validation.every_steps) == ("train", "test", 4)
+
+    # warm-start: needs the env and reward addresses; skipped once written or when off
+    with pytest.raises(ValueError, match="set SINKFLEX_ENV_ADDRESS, SINKFLEX_REWARD_ADDRESS"):
+        script.run_job("warm-start", {k: v for k, v in environ.items() if k not in ("SINKFLEX_ENV_ADDRESS", "SINKFLEX_REWARD_ADDRESS")})
+    demos = run / "warm_start" / "demonstrations.pb"
+    demos.parent.mkdir(parents=True)
+    demos.write_bytes(b"")
+    assert script.run_job("warm-start", dict(environ)) == f"warm-start: {demos} exists"
+    off = {**environ, "SINKFLEX_CONFIG_OVERRIDES": json.dumps({"warm_start": {"enabled": False}})}
+    assert script.run_job("warm-start", off) == "warm-start: warm_start.enabled is false, no demonstrations"
+    _, path = script.derive("learner", dict(off))
+    assert load_config(path, LearnerConfig).warm_start.demonstrations is None
+
+    # tasks generated with other settings are refused, as the local launcher refuses them
+    other = {**environ, "SINKFLEX_CONFIG_OVERRIDES": json.dumps({"task": {"generate": {"train": 8, "test": 4, "seed": 0}}})}
+    with pytest.raises(ConfigError, match="holds tasks generated with"):
+        script.run_job("tasks", other)
+    with pytest.raises(ValueError, match="unknown job 'gateway'"):
+        script.run_job("gateway", dict(environ))
+    flags = subprocess.run([sys.executable, str(DOCKER / "sinkflex_service.py"), "tasks", "--port", "1"], capture_output=True,
+                           text=True, env=environ, timeout=120, cwd=ROOT, check=False)
+    assert flags.returncode == 2 and "a one-shot job takes no flags (got --port 1)" in flags.stderr

@@ -26,8 +26,11 @@ from tests.fixtures.deploy import (
 )
 
 GPU_SERVICES = {"user-sim", "rollout", "learner"}
-CPU_TWINS = {"user-sim-cpu": "user-sim", "rollout-cpu": "rollout", "learner-cpu": "learner", "train-cpu": "train"}
-SHARED = {"redis", "env", "reward"}
+CPU_TWINS = {"user-sim-cpu": "user-sim", "rollout-cpu": "rollout", "learner-cpu": "learner", "train-cpu": "train",
+             "warm-start-cpu": "warm-start"}
+SHARED = {"redis", "env", "reward", "tasks"}
+#: one-shot jobs: the generated tasks (shared), the warm start's demonstrations (per stack, no GPU)
+JOBS = {"tasks", "warm-start", "warm-start-cpu"}
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +107,8 @@ def test_schema_catches_a_broken_gpu_reservation(compose, compose_schema):
 
 def test_default_stack_is_the_gpu_stack_and_cpu_profile_has_twins(compose):
     default = active(compose, set())
-    assert set(default) == SHARED | GPU_SERVICES | {"train"}
-    for name in SHARED | GPU_SERVICES | {"train"}:
+    assert set(default) == SHARED | GPU_SERVICES | {"train", "warm-start"}
+    for name in SHARED | GPU_SERVICES | {"train", "warm-start"}:
         assert "profiles" not in compose["services"][name], name
     for twin in CPU_TWINS:
         assert compose["services"][twin]["profiles"] == ["cpu"]
@@ -113,7 +116,29 @@ def test_default_stack_is_the_gpu_stack_and_cpu_profile_has_twins(compose):
     cpu_run = started(compose, ["train-cpu"], {"cpu"})
     assert set(cpu_run) == SHARED | set(CPU_TWINS)
     gpu_run = started(compose, ["train"], set())
-    assert set(gpu_run) == SHARED | GPU_SERVICES | {"train"}
+    assert set(gpu_run) == SHARED | GPU_SERVICES | {"train", "warm-start"}
+
+
+def test_one_shot_jobs_prepare_the_run_folder_before_the_services_that_read_it(compose):
+    """tasks before env and reward, warm-start after them and before the learner (sinkflex_rl/local.py's order)."""
+    s = compose["services"]
+    done = {"condition": "service_completed_successfully"}
+    healthy = {"condition": "service_healthy"}
+    for name in JOBS:
+        job = s[name]
+        assert job["restart"] == "no" and job["healthcheck"] == {"disable": True}, name
+        assert job["entrypoint"][:1] == ["sinkflex-service"] and job["command"] == [], name
+        assert any(v.startswith("data:/data") and not v.endswith(":ro") for v in job["volumes"]), name
+        assert job["read_only"] is True and job["cap_drop"] == ["ALL"], name
+    assert s["tasks"]["entrypoint"] == ["sinkflex-service", "tasks"]
+    for name in ("env", "reward"):
+        assert s[name]["depends_on"]["tasks"] == done
+        assert s[name]["volumes"] == ["data:/data:ro"]  # they read the generated tasks, write nothing there
+    for job, learner in (("warm-start", "learner"), ("warm-start-cpu", "learner-cpu")):
+        assert s[job]["entrypoint"] == ["sinkflex-service", "warm-start"]
+        assert s[job]["depends_on"] == {"env": healthy, "reward": healthy}
+        assert s[job]["image"] == s[learner]["image"]  # the policy's tokenizer is prepared there
+        assert s[learner]["depends_on"][job] == done
 
 
 def test_gpu_reservations(compose):
@@ -182,6 +207,9 @@ def test_every_address_resolves_to_a_started_service_and_its_port(targets, profi
 def test_depends_on_waits_for_health(compose):
     for name, svc in compose["services"].items():
         for dep, cond in svc.get("depends_on", {}).items():
+            if dep in JOBS:  # a one-shot job: waited for until it exits 0
+                assert cond == {"condition": "service_completed_successfully"}, (name, dep)
+                continue
             assert cond == {"condition": "service_healthy"}, (name, dep)
             assert "healthcheck" in compose["services"][dep], f"{name} waits on {dep}, which has no healthcheck"
             # a service never waits on one of another profile
@@ -190,7 +218,7 @@ def test_depends_on_waits_for_health(compose):
 
 def test_healthchecks_probe_the_grpc_port_the_service_listens_on(compose):
     for name, svc in compose["services"].items():
-        if name in ("redis", "train", "train-cpu") or "user-sim" in name:
+        if name in ("redis", "train", "train-cpu") or "user-sim" in name or name in JOBS:
             continue
         test = svc["healthcheck"]["test"]
         assert test[0] == "CMD-SHELL" and "python -m sinkflex.healthcheck" in test[1], name
@@ -236,6 +264,9 @@ def test_same_experiment_models_and_user_simulator_as_the_chart(compose, chart_d
         # the same entry point: sinkflex-service <component> (the image's ENTRYPOINT or the override)
         entry = svc.get("entrypoint") or _image_entrypoint(svc)
         assert entry == ["sinkflex-service", comp], name
+        if name in JOBS:  # compose's one-shot jobs have no chart twin yet (docs/deploy.md): same experiment, run folder
+            assert env["SINKFLEX_CONFIG"] == values["trainingConfig"] and env["SINKFLEX_RUN_DIR"] == "/data/run", name
+            continue
         assert env["SINKFLEX_CONFIG"] == values["trainingConfig"] == chart_env[comp]["SINKFLEX_CONFIG"], name
         assert env["SINKFLEX_POLICY"] == values["policyModel"] == chart_env[comp]["SINKFLEX_POLICY"] == "", name
         assert env["SINKFLEX_RUN_DIR"] == chart_env[comp]["SINKFLEX_RUN_DIR"] == "/data/run", name

@@ -157,13 +157,14 @@ def test_missing_and_non_yaml_files(tmp_path):
     assert load_train_config(explicit).run.steps == TrainConfig().run.steps
 
 
-def test_warm_start_and_generated_tasks_need_the_local_launcher(tmp_path):
+def test_generated_tasks_need_the_local_launcher_a_warm_start_does_not(tmp_path):
     from sinkflex_rl.config import TrainConfig
     from sinkflex.config import ConfigError, validate_config
 
     services = {f"{k}_address": "127.0.0.1:1" for k in ("env", "reward", "rollout", "learner")}
-    with pytest.raises(ConfigError, match="warm_start.enabled needs the local launcher"):
-        validate_config({"services": services, "warm_start": {"enabled": True}}, TrainConfig)
+    # running services (compose): the warm-start job wrote the demonstrations, the learner trains on them
+    external = validate_config({"services": services, "warm_start": {"enabled": True}}, TrainConfig)
+    assert external.warm_start.enabled and external.services.external()
     with pytest.raises(ConfigError, match="task.generate needs the local launcher"):
         validate_config({"services": services, "task": {"env": "mock", "generate": {"train": 4, "test": 2}}}, TrainConfig)
     with pytest.raises(ConfigError, match="task.generate makes tasks for τ²-Bench.s mock domain only"):
