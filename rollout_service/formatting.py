@@ -21,7 +21,12 @@ Families (`AgentConfig.tool_format`, `FAMILIES`):
 - ``llama3`` (Llama 3.x JSON tool calling): native ``tools``; a reply that is a bare JSON
   object ``{"name": ..., "parameters": ...}`` (optionally after ``<|python_tag|>``) is a call,
   parsed by vLLM's ``llama3_json`` tool parser; tool results are the template's ``tool``
-  (``ipython``) messages; end of turn ``<|eot_id|>`` (``<|eom_id|>`` also stops).
+  (``ipython``) messages; end of turn ``<|eot_id|>``, the only stop the formatter asks for: the
+  stock Llama 3.x templates end every assistant turn, tool calls included, with ``<|eot_id|>``
+  unless ``builtin_tools`` is passed (ipython mode: ``<|eom_id|>``), and the formatter never
+  passes it. A reply that still ends with ``<|eom_id|>`` (vLLM also stops at the ids the model's
+  generation_config.json lists as EOS: Llama 3.1's lists it) is parsed the same way and kept as
+  generated; that one id then differs from a render of the conversation.
 - ``harmony`` (gpt-oss): rendered with `openai_harmony`, reasoning effort configurable; each
   env message is rendered on its own (harmony messages are self-delimited) followed by
   ``<|start|>assistant``; calls parsed from the ids (`parsers.parse_harmony`).
@@ -114,15 +119,16 @@ class Formatter(Protocol):
 class _Family:
     """What differs between chat-template families."""
 
-    eot: str  # the assistant's end-of-turn token
-    extra_stops: tuple[str, ...] = ()  # other tokens that end a reply
+    eot: str  # the assistant's end-of-turn token, as the template renders it after every assistant turn
+    foreign_ends: tuple[str, ...] = ()  # not rendered by the template after an assistant turn and not asked
+    # for as stops, but a reply that ends with one (the model's generation_config lists it as EOS) is parsed without it
     rewrites_history: bool = False  # the template renders past assistant turns differently (reasoning dropped)
 
 
 _FAMILIES = {
     "hermes": _Family("<|im_end|>"),
     "qwen3": _Family("<|im_end|>", rewrites_history=True),
-    "llama3": _Family("<|eot_id|>", extra_stops=("<|eom_id|>",)),
+    "llama3": _Family("<|eot_id|>", foreign_ends=("<|eom_id|>",)),
 }
 
 
@@ -152,12 +158,15 @@ class ChatTemplateFormatter:
         self.native_tools = "tools" in default
         eot = tokenizer.convert_tokens_to_ids(self._fam.eot)
         self.eot_id = eot if isinstance(eot, int) and eot != tokenizer.unk_token_id else tokenizer.eos_token_id
-        stops = {self.eot_id, tokenizer.eos_token_id}
-        for name in self._fam.extra_stops:
+        # the stops the engine is asked for: the template's own end of an assistant turn (and EOS), so that a reply
+        # that ends cleanly ends as a render of it does (vLLM's structured outputs also end a guided reply only there)
+        self.stop_token_ids = sorted(s for s in {self.eot_id, tokenizer.eos_token_id} if s is not None)
+        ends = set(self.stop_token_ids)
+        for name in self._fam.foreign_ends:
             t = tokenizer.convert_tokens_to_ids(name)
             if isinstance(t, int) and t != tokenizer.unk_token_id:
-                stops.add(t)
-        self.stop_token_ids = sorted(s for s in stops if s is not None)
+                ends.add(t)
+        self._end_ids = frozenset(ends)
         self._tools: list[dict] = []
         self._ref = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
                      {"role": "assistant", "content": "A"}]
@@ -223,7 +232,7 @@ class ChatTemplateFormatter:
     def parse(self, token_ids) -> ParsedTurn:
         """The reply's visible content and calls (qwen3: reasoning split off first, never content)."""
         ids = list(token_ids)
-        if ids and ids[-1] in self.stop_token_ids:
+        if ids and ids[-1] in self._end_ids:
             ids = ids[:-1]
         text = self.tok.decode(ids, skip_special_tokens=False)
         if self.family == "llama3":

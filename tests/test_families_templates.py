@@ -73,10 +73,17 @@ def test_qwen3_reasoning_is_kept_out_of_the_visible_reply(toks):
 def test_llama3_bare_json_calls(toks):
     tok = toks["llama3"]
     fmt = ChatTemplateFormatter(tok, "llama3")
-    assert set(fmt.stop_token_ids) == {tok.convert_tokens_to_ids("<|eot_id|>"), tok.convert_tokens_to_ids("<|eom_id|>")}
-    p = fmt.parse(tok.encode('{"name": "get_order", "parameters": {"order_id": "#W1", "n": [1, 2]}}') + [fmt.eot_id])
-    assert p.ok and p.content is None and p.calls[0].name == "get_order"
-    assert json.loads(p.calls[0].arguments_json) == {"order_id": "#W1", "n": [1, 2]}
+    # the template ends an assistant tool-call turn with <|eot_id|> (no builtin_tools): the only stop asked for
+    assert fmt.stop_token_ids == [tok.convert_tokens_to_ids("<|eot_id|>")]
+    call = tok.encode('{"name": "get_order", "parameters": {"order_id": "#W1", "n": [1, 2]}}')
+    whole = fmt._render([{"role": "user", "content": "U"}, fmt.to_chat(common_pb2.Message(
+        role=common_pb2.ROLE_ASSISTANT, tool_calls=[common_pb2.ToolCall(name="get_order", arguments_json='{"order_id": "#W1"}')]))],
+        add_generation_prompt=False)
+    assert whole[-1] == fmt.eot_id
+    for end in (fmt.eot_id, tok.convert_tokens_to_ids("<|eom_id|>")):  # <|eom_id|>: a model whose generation_config stops there
+        p = fmt.parse(call + [end])
+        assert p.ok and p.content is None and p.calls[0].name == "get_order"
+        assert json.loads(p.calls[0].arguments_json) == {"order_id": "#W1", "n": [1, 2]}
     tagged = fmt.parse(tok.encode('<|python_tag|>{"name": "f", "arguments": {}}'))
     assert tagged.ok and tagged.calls[0].name == "f"
     text = fmt.parse(tok.encode("Your order {#W1} shipped.") + [fmt.eot_id])
