@@ -75,3 +75,42 @@ def test_memory_command_on_a_model_config(tmp_path):
     assert "fits" in result.output
     bad = CliRunner().invoke(app, ["memory", "-m", "no-such-model", "--no-trace"])
     assert bad.exit_code == 2 and "unknown model" in bad.output
+
+
+def test_memory_command_reads_the_experiments_learner_service_section_and_refuses_bad_input(tmp_path):
+    """Found by feeding `sinkflex-rl memory` bad input: `-c` read the experiment's old `learner`
+    section, so the `learner_service` section (what configs/gpt-oss-20b.yaml and every experiment
+    write) was ignored without a word, and a bad one was never checked; `-g 0` planned for 1 GPU;
+    `--gpu-gb -1` / `nan` said DOES NOT FIT; an unwritable `--json` was a traceback after the plan;
+    a config.json that is not JSON gave a JSON error without the file. Each is now exit 2, one
+    line naming the flag, file or field."""
+    from typer.testing import CliRunner
+
+    from sinkflex_rl.cli import app
+
+    def run(*args):
+        result = CliRunner().invoke(app, ["memory", "--no-trace", "-n", "64", *args])
+        assert "Traceback" not in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        return result
+
+    bad_section = tmp_path / "bad.yaml"
+    bad_section.write_text("learner_service:\n  batch:\n    micro_batch_size: 0\n")
+    result = run("-c", str(bad_section))
+    assert result.exit_code == 2 and "learner_service.batch.micro_batch_size" in result.output, result.output
+    old = tmp_path / "old.yaml"
+    old.write_text("learner:\n  grpo: {beta: 0.1}\n")
+    result = run("-c", str(old))
+    assert result.exit_code == 2 and "'learner' is now 'learner_service'" in result.output, result.output
+    procs = tmp_path / "procs.yaml"
+    procs.write_text("local:\n  learner_procs: 3\n")
+    result = run("-c", str(procs))  # local.learner_procs is the default --gpus
+    assert result.exit_code == 0 and result.output.splitlines()[1].split()[2] == "3", result.output
+    for args, words in [(["-g", "0"], "--gpus >= 1"), (["--gpu-gb", "-1"], "--gpu-gb"), (["--gpu-gb", "nan"], "--gpu-gb"),
+                        (["--json", str(tmp_path)], "--json"), (["--json", str(tmp_path / "no" / "x.json")], "--json")]:
+        result = run(*args)
+        assert result.exit_code == 2 and words in result.output, (args, result.output)
+    not_json = tmp_path / "config.json"
+    not_json.write_text("not json")
+    result = run("-m", str(not_json))
+    assert result.exit_code == 2 and str(not_json) in result.output, result.output

@@ -24,9 +24,12 @@ def _arch(model: str) -> dict:
     config = path / "config.json" if path.is_dir() else path
     if not config.is_file():
         raise ValueError(f"unknown model {model!r}: give {', '.join(KNOWN_ARCHS)} or a model folder with a config.json")
-    arch = json.loads(config.read_text())
-    if "model_type" not in arch:
-        raise ValueError(f"{config} has no model_type")
+    try:
+        arch = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{config} is not a model's config.json (JSON): {err}") from None
+    if not isinstance(arch, dict) or "model_type" not in arch:
+        raise ValueError(f"{config} has no model_type (a transformers config.json is needed)")
     for key in ("architectures", "quantization_config", "torch_dtype", "dtype", "transformers_version", "_name_or_path"):
         arch.pop(key, None)
     return arch
@@ -39,8 +42,8 @@ def plan_memory(
     gpus: int | None = typer.Option(None, "--gpus", "-g", help="learner GPUs (FSDP2 ranks); default: the config's "
                                        "local.learner_procs, else 1"),
     attention: list[str] = typer.Option(["sinkflex"], "--attention", "-a", help="sinkflex and/or eager (repeat the option)"),
-    config: Path | None = typer.Option(None, "--config", "-c", help="an experiment YAML: its learner section (batch, "
-                                          "grpo, checkpointing) is the base"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="an experiment YAML: its learner_service section "
+                                          "(batch, grpo, checkpointing) is the base, local.learner_procs the default --gpus"),
     no_checkpointing: bool = typer.Option(False, "--no-checkpointing", help="no activation checkpointing"),
     gpu_gb: float | None = typer.Option(None, "--gpu-gb", help="the GPU's memory in GB: say whether each row fits"),
     trace: bool = typer.Option(True, "--trace/--no-trace", help="trace the real step with fake tensors (minutes for a "
@@ -50,26 +53,38 @@ def plan_memory(
     """Predicts each learner GPU's peak memory of one GRPO step (one sequence per micro-step, bf16,
     AdamW, FSDP2 over --gpus ranks) by tracing the learner's own step with fake tensors on the CPU,
     and prints it beside an analytic count, with its parts (GB = 1e9 bytes). Exits 2 on bad input."""
-    import yaml
+    import math
+
+    from pydantic import ValidationError
 
     from learner_service.config import LearnerConfig
     from learner_service.memory_model import learner_config, plan_row
+    from sinkflex.config import ConfigError
 
     try:
         arch = _arch(model)
         base = None
-        if config is not None:
-            exp = yaml.safe_load(config.read_text()) or {}
-            learner = dict(exp.get("learner") or {})
+        if config is not None:  # the experiment as `train` reads it: a bad file fails here, naming the field
+            from sinkflex_rl.config import load_train_config
+
+            exp = load_train_config(config)
+            learner = dict(exp.section("learner_service"))
             learner["model"] = {**(learner.get("model") or {}), "path": None, "arch": arch}
-            base = LearnerConfig.model_validate(learner)
+            try:
+                base = LearnerConfig.model_validate(learner)
+            except ValidationError as err:
+                raise ValueError(f"{config}: learner_service: {err.errors()[0]['msg']}") from None
             if gpus is None:
-                gpus = (exp.get("local") or {}).get("learner_procs")
-        gpus = int(gpus or 1)
+                gpus = exp.local.learner_procs
+        gpus = 1 if gpus is None else int(gpus)
         bad = [a for a in attention if a not in ("sinkflex", "eager")]
         if bad or gpus < 1 or any(n < 2 for n in seq_len):
             raise ValueError(f"need --attention sinkflex|eager, --gpus >= 1 and --seq-len >= 2 (got {bad or attention}, {gpus}, {seq_len})")
-    except (ValueError, OSError, yaml.YAMLError) as err:
+        if gpu_gb is not None and not (math.isfinite(gpu_gb) and gpu_gb > 0):
+            raise ValueError(f"--gpu-gb is the GPU's memory in GB, a number > 0 (got {gpu_gb})")
+        if json_out is not None and (json_out.is_dir() or not json_out.parent.is_dir()):
+            raise ValueError(f"--json {json_out}: not a file in an existing folder")
+    except (ValueError, OSError, ConfigError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     rows = []
