@@ -14,10 +14,12 @@ from typing import Optional
 import typer
 
 from sinkflex.service_cli import (
+    log_level_option,
     metrics_port_from,
     metrics_port_option,
     no_metrics_option,
     parse_flags,
+    port_option,
     service_app,
     tls_ca_option,
     tls_cert_option,
@@ -38,7 +40,7 @@ app = service_app()
 def cli(
     ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", metavar="HOST", help="address to bind"),
-    port: int = typer.Option(50051, metavar="PORT", help="gRPC port, 0: any free port"),
+    port: int = port_option(50051, "gRPC port, 0: any free port"),
     config: Optional[str] = typer.Option(None, metavar="FILE", help="YAML file of EnvServiceConfig; flags override it"),
     domains: Optional[str] = typer.Option(
         None, metavar="LIST", help="comma-separated tau2 domains (default: retail,airline,telecom,mock)"),
@@ -69,12 +71,13 @@ def cli(
     tls_key: Optional[str] = tls_key_option(),
     tls_ca: Optional[str] = tls_ca_option(),
     tls_client_auth: bool = tls_client_auth_option(),
-    log_level: str = typer.Option("INFO", metavar="LEVEL", help="logging level: DEBUG, INFO, WARNING or ERROR"),
+    log_level: str = log_level_option(),
 ) -> None:
     """Serve tau2 domains over gRPC until SIGTERM/SIGINT.
 
-    Flags override the config file (--config, YAML of EnvServiceConfig); a bad task file
-    fails the start, naming it, before any port is bound.
+    Flags override the config file (--config, YAML of EnvServiceConfig); a bad config value,
+    an unknown domain or a bad task file fails the start, naming it, before any port is bound
+    (exit 2); a port in use or a host that is not this machine's, exit 1.
     """
     run(Namespace(**ctx.params))
 
@@ -134,19 +137,32 @@ def run(args: Namespace) -> None:
     from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs("DEBUG" if args.log_level.upper() == "DEBUG" else "WARNING")
-    config = config_from_args(args)
+    from sinkflex.config import ConfigError
+
+    try:
+        config = config_from_args(args)
+    except ConfigError as err:  # a bad --config file or flag value: named, exit 2
+        typer.echo(f"env_service: {err}", err=True)
+        raise SystemExit(2) from None
     use_tls("env_service", config.tls)
+    from env_service.catalog import check_domains
     from tau2_adapter.tasks import domain_tasks
 
-    try:  # a bad task file fails here, with its name, before any port is bound (loads are cached)
+    try:  # an unknown domain or a bad task file fails here, named, before any port is bound (loads are cached)
+        check_domains(config.domains)
         for domain, files in config.task_files.items():
             domain_tasks(domain, files)
     except ValueError as err:
-        raise SystemExit(f"env_service: cannot start: {err}") from None
+        typer.echo(f"env_service: cannot start: {err}", err=True)
+        raise SystemExit(2) from None
     from env_service.server import build_server
+    from sinkflex.serving import BindError
 
     metrics_port = metrics_port_from(args)
-    server, _core = build_server(config, port=args.port, host=args.host, metrics_port=metrics_port)
+    try:
+        server, _core = build_server(config, port=args.port, host=args.host, metrics_port=metrics_port)
+    except BindError as err:  # the port is in use (also by another env server), or the host is not this machine's
+        raise SystemExit(f"env_service: cannot start: {err}") from None
     server.install_signal_handlers()
     server.wait()
 

@@ -109,6 +109,17 @@ def _load_domain(name: str, task_files=()) -> Domain:
     )
 
 
+def check_domains(names: tuple[str, ...] | list[str]) -> None:
+    """Raises ValueError naming the first of `names` that is not a domain τ²-Bench ships (its
+    registry's domains), and the ones it ships."""
+    from tau2.registry import registry
+
+    known = registry.get_domains()
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown tau2 domain {clip(name)}; tau2 ships {', '.join(known)}")
+
+
 class Catalog:
     """The served domains, loaded once (the server is NOT_SERVING until this is built).
 
@@ -119,12 +130,7 @@ class Catalog:
     """
 
     def __init__(self, names: tuple[str, ...] | list[str], task_files: dict | None = None):
-        from tau2.registry import registry
-
-        known = registry.get_domains()
-        for name in names:
-            if name not in known:
-                raise ValueError(f"unknown tau2 domain {name!r}; tau2 ships {', '.join(known)}")
+        check_domains(names)
         task_files = dict(task_files or {})
         for name in task_files:
             if name not in names:

@@ -20,10 +20,12 @@ from typing import Optional
 import typer
 
 from sinkflex.service_cli import (
+    log_level_option,
     metrics_port_from,
     metrics_port_option,
     no_metrics_option,
     parse_flags,
+    port_option,
     service_app,
     tls_ca_option,
     tls_cert_option,
@@ -45,7 +47,7 @@ def cli(
         None, metavar="FILE", help="YAML file of LearnerConfig (default: all defaults, needs --model)"),
     model: Optional[str] = typer.Option(None, metavar="DIR", help="overrides model.path: a transformers model folder"),
     host: str = typer.Option("127.0.0.1", metavar="HOST", help="address to bind (rank 0)"),
-    port: int = typer.Option(50054, metavar="PORT", help="LearnerService port (rank 0); 0: any free port"),
+    port: int = port_option(50054, "LearnerService port (rank 0); 0: any free port"),
     version: bool = version_option("learner_service"),
     metrics_port: Optional[int] = metrics_port_option(9094),  # metrics on rank 0
     no_metrics: bool = no_metrics_option(),
@@ -59,7 +61,7 @@ def cli(
     tls_key: Optional[str] = tls_key_option(),
     tls_ca: Optional[str] = tls_ca_option(),
     tls_client_auth: bool = tls_client_auth_option(),
-    log_level: str = typer.Option("INFO", metavar="LEVEL", help="logging level: DEBUG, INFO, WARNING or ERROR"),
+    log_level: str = log_level_option(),
 ) -> None:
     """The GRPO learner; run it under torchrun for FSDP2.
 

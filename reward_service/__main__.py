@@ -107,16 +107,30 @@ def main(
     use_tls("reward_service", cfg.tls)
     from tau2_adapter.tasks import domain_tasks
 
-    try:  # a bad task file fails here, with its name, before any port is bound (loads are cached)
+    from tau2_adapter.tasks import task_sets
+
+    try:  # a bad task file or an unknown preloaded env fails here, named, before any port is bound (loads are cached)
         for env, files in cfg.task_files.items():
             domain_tasks(env, files)
+        from tau2.registry import registry
+
+        known = sorted(set(registry.get_domains()) & set(task_sets()) | set(cfg.task_files))  # what Score knows
+        for env in cfg.preload_envs:
+            if env not in known:
+                raise ValueError(f"preload env {env[:200]!r} (--preload-env / preload_envs) is unknown; known envs: "
+                                 f"{', '.join(known)}")
     except ValueError as err:
         typer.echo(f"reward_service: cannot start: {err}", err=True)
         raise typer.Exit(2) from None
 
     from reward_service.server import serve
+    from sinkflex.serving import BindError
 
-    serve(cfg)
+    try:
+        serve(cfg)
+    except BindError as err:  # the port is in use (also by another reward server), or the host is not this machine's
+        typer.echo(f"reward_service: cannot start: {err}", err=True)
+        raise typer.Exit(1) from None
 
 
 if __name__ == "__main__":

@@ -18,10 +18,12 @@ from typing import Optional
 import typer
 
 from sinkflex.service_cli import (
+    log_level_option,
     metrics_port_from,
     metrics_port_option,
     no_metrics_option,
     parse_flags,
+    port_option,
     service_app,
     tls_ca_option,
     tls_cert_option,
@@ -51,7 +53,7 @@ class ToolFormat(str, enum.Enum):
 def cli(
     ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", metavar="HOST", help="address to bind"),
-    port: int = typer.Option(50053, metavar="PORT", help="gRPC port, 0: any free port"),
+    port: int = port_option(50053, "gRPC port, 0: any free port"),
     version: bool = version_option("rollout_service"),
     metrics_port: Optional[int] = metrics_port_option(None),
     no_metrics: bool = no_metrics_option(),
@@ -82,7 +84,7 @@ def cli(
     tls_key: Optional[str] = tls_key_option(),
     tls_ca: Optional[str] = tls_ca_option(),
     tls_client_auth: bool = tls_client_auth_option(),
-    log_level: str = typer.Option("INFO", metavar="LEVEL", help="logging level: DEBUG, INFO, WARNING or ERROR"),
+    log_level: str = log_level_option(),
 ) -> None:
     """Run the agent loop on a vLLM engine, served over gRPC until SIGTERM.
 

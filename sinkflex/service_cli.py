@@ -102,9 +102,32 @@ def metrics_port_option(default: int | None, *, unset: str = "none") -> Any:
     With `default` None the help says `(default: <unset>)`, what not giving the flag means
     (e.g. the config's port); otherwise Typer shows `[default: N]`."""
     said = "" if default is not None else f" (default: {unset})"
-    return typer.Option(default, "--metrics-port", metavar="N", show_default=default is not None,
+    return typer.Option(default, "--metrics-port", metavar="N", show_default=default is not None, min=-1, max=65535,
                         help=f"serve Prometheus metrics on port N{said}; 0: any free port, -1: none",
                         callback=_exclusive_metrics_flags)
+
+
+def port_option(default: int, help: str) -> Any:
+    """`port: int = port_option(50051, "gRPC port, 0: any free port")`: `--port PORT`, in 0–65535
+    (another value is a usage error, exit 2: gRPC would bind some other port)."""
+    return typer.Option(default, metavar="PORT", min=0, max=65535, help=help)
+
+
+#: The levels `--log-level` takes (any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _log_level(value: str) -> str:
+    if value.upper() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return value.upper()
+
+
+def log_level_option() -> Any:
+    """`log_level: str = log_level_option()`: `--log-level LEVEL`, one of `LOG_LEVELS` (any case;
+    another is a usage error, exit 2), upper-cased."""
+    return typer.Option("INFO", metavar="LEVEL", callback=_log_level,
+                        help="logging level: DEBUG, INFO, WARNING or ERROR")
 
 
 def no_metrics_option() -> Any:

@@ -194,6 +194,11 @@ class BadRequestInterceptor(grpc.ServerInterceptor):
         return handle
 
 
+class BindError(OSError):
+    """A server's gRPC address cannot be bound (`ServiceServer.start`): the port is in use or the
+    host is not an address of this machine. The services' command lines report it in one line."""
+
+
 @dataclass
 class ServiceServer:
     """A gRPC server with health, reflection, size limits and graceful shutdown.
@@ -256,7 +261,9 @@ class ServiceServer:
             interceptors.insert(0, self.metrics.interceptor())
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.max_workers),
-            options=channel_options(self.max_message_bytes),
+            # no SO_REUSEPORT (gRPC's default on Linux): a second server on a port already served
+            # must fail to bind, not share the port and get half of the first one's calls
+            options=[*channel_options(self.max_message_bytes), ("grpc.so_reuseport", 0)],
             interceptors=interceptors,
         )
         self.health = health.HealthServicer()
@@ -274,13 +281,25 @@ class ServiceServer:
             self.health.set(name, status)
 
     def start(self) -> int:
-        """Binds and starts serving (health NOT_SERVING). Returns the bound port."""
-        if self.tls is not None and self.tls.active:
-            bound = self.server.add_secure_port(f"{self.host}:{self.port}", self.tls.server_credentials())
-        else:
-            bound = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        """Binds and starts serving (health NOT_SERVING). Returns the bound port.
+
+        Raises:
+            ValueError: the port is not in 0–65535 (gRPC would bind another one).
+            BindError: the address cannot be bound (the port is in use, also by another of our
+                servers, or the host is not an address of this machine).
+        """
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port!r} is not in 0–65535 (0: any free port)")
+        address = f"{self.host}:{self.port}"
+        try:
+            if self.tls is not None and self.tls.active:
+                bound = self.server.add_secure_port(address, self.tls.server_credentials())
+            else:
+                bound = self.server.add_insecure_port(address)
+        except RuntimeError:  # gRPC >= 1.5x raises instead of returning 0
+            bound = 0
         if bound == 0:
-            raise OSError(f"could not bind {self.host}:{self.port}")
+            raise BindError(f"could not bind {address}: the port is in use or {self.host} is not an address of this machine")
         self.port = bound
         if self.metrics_port is not None:
             self._metrics_server = start_metrics_server(self.metrics_port, self.host)

@@ -194,7 +194,7 @@ def test_env_service_resets_and_replays_file_tasks(gen_dir, env_server_gen):
     assert replay_golden(client, "mock", "create_task_1", solo_mode=True).reward == 1.0
 
 
-def test_env_config_and_command_line(gen_dir, tmp_path):
+def test_env_config_and_command_line(gen_dir, tmp_path, capsys):
     from env_service.__main__ import config_from_args, main, parse_args
     from env_service.config import EnvServiceConfig
     from pydantic import ValidationError
@@ -208,7 +208,8 @@ def test_env_config_and_command_line(gen_dir, tmp_path):
     (bad / "split_tasks.json").write_text(json.dumps({"train": ["gen_nope_0001"]}))
     with pytest.raises(SystemExit) as err:  # fails before binding a port, naming the file and id
         main(["--domains", "mock", "--task-files", f"mock={bad}", "--port", "0", "--metrics-port", "-1"])
-    assert "cannot start" in str(err.value) and str(bad / "split_tasks.json") in str(err.value) and "gen_nope_0001" in str(err.value)
+    said = capsys.readouterr().err  # exit 2 (bad input), one line on stderr
+    assert err.value.code == 2 and "cannot start" in said and str(bad / "split_tasks.json") in said and "gen_nope_0001" in said
 
 
 # --------------------------------------------------------------------------- reward service
