@@ -91,8 +91,9 @@ class RunConfig(StrictModel):
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
     """The run's name: the default run folder is runs/<name>, so one folder name (letters, digits,
     '.', '_', '-'; at most 100 characters), not a path."""
-    output_dir: Optional[str] = None
-    """Run folder (metrics, plots, logs, checkpoints, policy versions, Redis data); default runs/<name>."""
+    output_dir: Optional[str] = Field(None, min_length=1)
+    """Run folder (metrics, plots, logs, checkpoints, policy versions, Redis data); default runs/<name>
+    (null or left out; an empty string is refused, not read as the default)."""
     steps: int = Field(3, ge=1)
     """Learner steps = policy versions to train (a re-run resumes and stops at this total)."""
     seed: int = 0
@@ -474,6 +475,9 @@ class TrainConfig(StrictModel):
             raise ValueError("learner_service.grpo.old_logprobs 'recompute' takes π_old from the learner's current weights, "
                              "which ignores that asynchronous rollouts (rollout.max_staleness >= 1) were sampled by an older "
                              "policy: use 'engine' (the sampling log-probs the trajectories carry, docs/async.md)")
+        if self.env_service is not None and self.task.env not in self.env_service.domains:
+            raise ValueError(f"task.env {self.task.env!r} is not among env_service.domains ({', '.join(self.env_service.domains)}): "
+                             "the local env service would not serve it; add it there or leave env_service.domains out")
         if self.services.env_only() and self.section("env_service"):
             raise ValueError("env_service configures the local env service, but services.env_address names a running env "
                              "server (nothing is launched for it)")

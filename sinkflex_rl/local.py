@@ -109,6 +109,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     """
     from sinkflex.buffer import embedded_redis_url
 
+    check_env_domains(cfg)  # before anything starts: an unknown task.env would fail only once every engine loaded
     placement = placement_for(cfg, visible)  # before anything starts
     if placement.on_gpus:
         log.info("GPU placement: %s; learner --nproc_per_node=%d", placement.cuda_visible_devices, placement.learner_nproc)
@@ -192,6 +193,25 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
                                 ready_timeout_s=cfg.local.ready_timeout_s))
     launcher.start_all([learner], ready_timeout=cfg.local.ready_timeout_s)
     return Addresses(env=addresses["env"], reward=addresses["reward"], rollout=addresses["rollout"], learner=addresses["learner"])
+
+
+def check_env_domains(cfg: TrainConfig) -> None:
+    """The domains the local env service would serve (task.env, or env_service.domains) are
+    τ²-Bench's (`env_service.catalog.check_domains`); nothing to check when an env server runs
+    already (services.env_address).
+
+    Raises:
+        ConfigError: naming task.env, the domains τ²-Bench ships, and how to train on an env of one's own.
+    """
+    if cfg.env_service is None or cfg.services.env_only() or cfg.services.external():
+        return
+    from env_service.catalog import check_domains
+
+    try:
+        check_domains(cfg.env_service.domains)
+    except ValueError as err:
+        raise ConfigError(f"task.env: {err} (the local env service serves those); an env of your own runs as its "
+                          "own server: set services.env_address (docs/plugins.md)") from None
 
 
 def _max_restarts(cfg: TrainConfig, name: str) -> int:

@@ -256,3 +256,52 @@ def test_tau2_import_notices_are_dropped_below_debug(level, shown):
     assert "still shown" in out.stderr
     assert ("No .env file found" in out.stderr) is shown
     assert ("Sonnet thinking is disabled" in out.stderr) is shown
+
+
+# --------------------------------------------------------------------------- bad run folders and envs
+# Found by a new user's bad-input pass: a run folder that cannot be created was a traceback (train and
+# eval); `--output-dir ""` trained into runs/<name> as if it were not given; an unknown task.env
+# launched the env, reward and rollout services (the vLLM engine) before the env service refused it.
+
+
+def _one_line(result, code: int, *words: str) -> str:
+    out = result.output
+    assert result.exit_code == code, out
+    assert "Traceback" not in out and (result.exception is None or isinstance(result.exception, SystemExit)), out
+    for w in words:
+        assert w in out, (w, out)
+    return out
+
+
+def test_a_run_folder_that_cannot_be_created_is_one_line_before_anything_starts(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for out_dir in (a_file, a_file / "sub"):
+        _one_line(_cli("train", "-c", str(DEMO), "--output-dir", str(out_dir)), 2,
+                  f"run.output_dir: cannot use {out_dir} as the run folder: a file is in the way")
+    _one_line(_cli("train", "-c", str(DEMO), "--output-dir", ""), 2, "run.output_dir: String should have at least 1 character")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    _one_line(_cli("eval", "--policy", str(model), "-c", str(DEMO), "-o", str(a_file)), 2,
+              f"--output-dir: cannot use {a_file} as the run folder: a file is in the way")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_unknown_task_env_stops_train_before_any_service_starts(tmp_path):
+    """models.policy is a missing folder too: were the env not checked first, the run would stop
+    on the policy (still before any service starts), with another message."""
+    cfg = tmp_path / "x.yaml"
+    cfg.write_text("task: {env: nosuchenv, solo_mode: true}\nmodels: {policy: /nonexistent/model, user_simulator: null}\n")
+    out = _one_line(_cli("train", "-c", str(cfg), "--output-dir", str(tmp_path / "run")), 2,
+                    "task.env: unknown tau2 domain 'nosuchenv'; tau2 ships", "services.env_address")
+    assert "models.policy" not in out
+    assert not (tmp_path / "run" / "configs").exists()  # no service config written: nothing launched
+
+
+def test_task_env_outside_env_service_domains_is_refused_at_load(tmp_path):
+    cfg = tmp_path / "x.yaml"
+    cfg.write_text("task: {env: mock, solo_mode: true}\nenv_service: {domains: [retail]}\n")
+    _one_line(_cli("config", "show", "-c", str(cfg)), 2, "task.env 'mock' is not among env_service.domains (retail)")
+    cfg.write_text("task: {env: mock, solo_mode: true}\nenv_service: {domains: [retail, mock]}\n")
+    assert _cli("config", "show", "-c", str(cfg)).exit_code == 0

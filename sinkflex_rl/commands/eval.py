@@ -163,8 +163,13 @@ def evaluate(
         cfg = load_train_config(config, sets)
     except ConfigError as err:
         fail(str(err), 2)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / EXPERIMENT_FILE).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / EXPERIMENT_FILE).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+    except OSError as err:  # a file in the way, a read-only or missing place: before anything starts
+        from sinkflex_rl.commands.train import run_folder_error
+
+        fail(run_folder_error("--output-dir", out, err).replace("(--output-dir DIR)", "(-o DIR)"), 2)
     t0 = time.time()
     with LocalLauncher(out) as launcher:
         try:

@@ -83,8 +83,12 @@ def train(
         fail(str(err))
         raise typer.Exit(2) from None
     run_dir = cfg.run.dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_experiment(run_dir, cfg)  # what `sinkflex-rl eval --policy <run>/learner/policy/vN` scores with
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_experiment(run_dir, cfg)  # what `sinkflex-rl eval --policy <run>/learner/policy/vN` scores with
+    except OSError as err:  # a file in the way, a read-only or missing place: before anything starts
+        fail(run_folder_error("run.output_dir", run_dir, err))
+        raise typer.Exit(2) from None
     set_aside_stopped(run_dir)  # a previous stop's stopped.json does not describe this run
     interrupted = False
     stopped: str | None = None  # a launched process died or froze: its one-line message
@@ -192,6 +196,16 @@ def train(
     console.print(f"run folder: {run_dir}  plots: {', '.join(p.name for p in plots)}")
     if interrupted:
         raise typer.Exit(130)
+
+
+def run_folder_error(field: str, folder: Path, err: OSError) -> str:
+    """The one line that says the run folder `folder` (set by `field`) cannot be created or written."""
+    reason = err.strerror or type(err).__name__
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        reason = "a file is in the way (a folder is needed)"
+    where = f" ({err.filename})" if err.filename and str(err.filename) != str(folder) else ""
+    return (f"{field}: cannot use {folder} as the run folder: {reason}{where}; give a folder that can be "
+            "created and written (--output-dir DIR)")
 
 
 def write_experiment(run_dir: Path, cfg) -> Path:
