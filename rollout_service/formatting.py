@@ -18,7 +18,9 @@ Families (`AgentConfig.tool_format`, `FAMILIES`):
   stays in the token stream with loss mask 1 (it is the policy's own output) and is never sent
   to the environment: it is split off at ``</think>`` (`parsers.split_reasoning`) and only the
   text after it is parsed for calls and sent as the visible reply.
-- ``llama3`` (Llama 3.x JSON tool calling): native ``tools``; a reply that is a bare JSON
+- ``llama3`` (Llama 3.x JSON tool calling): native ``tools`` (in the first user message as the stock
+  templates place them, or, in a conversation with no user message such as a solo-mode episode,
+  in the system turn: ``tools_in_user_message=False``, the templates' own switch); a reply that is a bare JSON
   object ``{"name": ..., "parameters": ...}`` (optionally after ``<|python_tag|>``) is a call,
   parsed by vLLM's ``llama3_json`` tool parser; tool results are the template's ``tool``
   (``ipython``) messages; end of turn ``<|eot_id|>``, the only stop the formatter asks for: the
@@ -175,6 +177,10 @@ class ChatTemplateFormatter:
         kwargs = {"tools": self._tools} if (self.native_tools and self._tools) else {}
         if self.family == "qwen3":
             kwargs["enable_thinking"] = self.enable_thinking
+        if self.family == "llama3" and "tools" in kwargs and not any(m["role"] == "user" for m in messages):
+            # the stock Llama 3.x templates put the tools in the first user message and raise when there is none
+            # (an episode in solo mode: system prompt, then the agent); their own switch puts them in the system turn
+            kwargs["tools_in_user_message"] = False
         ids = self.tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
                                            return_dict=False, **kwargs)
         return list(ids)

@@ -14,6 +14,7 @@ from rollout_service.formatting import (
     HarmonyFormatter,
     check_round_trip,
     formatter_factory,
+    tool_schema,
 )
 from sinkflex.api.common.v1 import common_pb2
 from tests.fixtures.families import make_family_tokenizer
@@ -90,6 +91,22 @@ def test_llama3_bare_json_calls(toks):
     assert text.ok and text.calls == () and text.content == "Your order {#W1} shipped."
     broken = fmt.parse(tok.encode('{"name": "f", "parameters": {"a": '))
     assert not broken.ok and broken.content == '{"name": "f", "parameters": {"a": ' and broken.calls == ()
+
+
+def test_llama3_tools_without_a_user_message(toks):
+    """A solo-mode episode's first prompt has no user message: the Llama 3 rules (as the stock template)
+    refuse tools there unless `tools_in_user_message` is false; the formatter sets it, and the tools
+    are rendered in the system turn."""
+    tok = toks["llama3"]
+    fmt = ChatTemplateFormatter(tok, "llama3")
+    spec = common_pb2.ToolSpec(name="get_order", description="Look up an order.",
+                               parameters_json_schema='{"type": "object", "properties": {"order_id": {"type": "string"}}}')
+    with pytest.raises(Exception, match="no first user message"):
+        tok.apply_chat_template([{"role": "system", "content": "S"}], tools=[tool_schema(spec)], add_generation_prompt=True)
+    text = tok.decode(fmt.initial_prompt("You are a shop agent.", [spec], []))
+    system = text.split("<|eot_id|>")[0]
+    assert '"name": "get_order"' in system and system.endswith("You are a shop agent.")
+    assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
 @pytest.mark.parametrize("effort", ["low", "medium", "high"])
