@@ -131,6 +131,9 @@ class Catalog:
 
     def __init__(self, names: tuple[str, ...] | list[str], task_files: dict | None = None):
         check_domains(names)
+        from tau2_adapter import guards
+
+        guards.install()  # τ²-Bench's calculate tool cannot stall the server (tau2_adapter/guards.py)
         task_files = dict(task_files or {})
         for name in task_files:
             if name not in names:

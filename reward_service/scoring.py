@@ -468,6 +468,9 @@ def score(
 
     from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 
+    from tau2_adapter import guards
+
+    guards.install()  # the replay's calculate calls answer as the env service's did, and cannot stall the server
     simulation = build_simulation(request.task_id, tau2_messages, TAU2_TERMINATION[reason])
     evaluation = EvaluationType.ALL_WITH_NL_ASSERTIONS if needs_judge(task) else EvaluationType.ALL
     ctx = _judge_bound(judge) if judge is not None else contextlib.nullcontext()

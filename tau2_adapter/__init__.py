@@ -7,6 +7,8 @@
   conversion the env service (its trajectories) and the reward service (what tau2's
   evaluator scores) share.
 - `tau2_adapter.termination`: tau2's termination reasons <-> the wire's.
+- `tau2_adapter.guards`: bounds on tau2 tools a model's arguments could keep computing for
+  hours (retail's and airline's `calculate`), installed by the env and reward services alike.
 
 Imports only the foundation (`sinkflex`) and `tau2`; never a service or the driver
 (docs/architecture.md).
