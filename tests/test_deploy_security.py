@@ -350,11 +350,13 @@ def test_compose_and_chart_rollout_load_only_the_learners_published_policies(scr
 
 
 #: The identity (certificate) each compose service presents (sinkflex.authz); train is the driver.
-COMPOSE_IDENTITY = {"env": "env", "reward": "reward", "rollout": "rollout", "learner": "learner", "train": "driver"}
+COMPOSE_IDENTITY = {"env": "env", "reward": "reward", "rollout": "rollout", "learner": "learner", "train": "driver",
+                    "warm-start": "driver"}
 
 
 def test_compose_tls_overlay_one_certificate_per_service_identity(compose, compose_tls, tmp_path):
-    grpc_services = {n for n in compose["services"] if n.removesuffix("-cpu") in (*GRPC, "train")}
+    # every container with a gRPC server or client (the one-shot `tasks` job talks to no service)
+    grpc_services = {n for n in compose["services"] if n.removesuffix("-cpu") in (*GRPC, "train", "warm-start")}
     assert set(compose_tls["services"]) == grpc_services
     files = {k: interpolate_defaults(v["file"]) for k, v in compose_tls["secrets"].items()}
     certs = _load_script("tls_dev_certs")
