@@ -441,14 +441,16 @@ COMMIT_AT_START = _commit()
 ROW_KEYS = ("process", "action", "moment", "recovered_in_run", "groups_lost", "groups_trained_twice", "commit")
 
 
-def write_docs(rows: list[dict], command: str, md_path: Path, json_path: Path) -> None:
-    """The "Faults" section of `md_path` and `faults` / `faults_detail` in `json_path` (replaced
-    whole: every row of one run of this generator, on one commit); everything else kept."""
+def write_docs(rows: list[dict], command: str | None, md_path: Path, json_path: Path, restamp: bool = True) -> None:
+    """The "Faults" section of `md_path` and `faults` / `faults_detail` in `json_path`: `rows` (one
+    run of this generator, stamped with `command`, this commit and the time; `restamp=False`: rows
+    already stamped, written as they are) replace the rows of the same (process, action, moment);
+    rows measured earlier keep their own stamps; every other key and section is kept."""
     from sinkflex.buffer.embedded import PERSISTENCE
 
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
     stamp = {"command": command, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-             "commit": COMMIT_AT_START, "load_avg_at_end": round(os.getloadavg()[0], 2)}
+             "commit": COMMIT_AT_START, "load_avg_at_end": round(os.getloadavg()[0], 2)} if restamp else {}
     key = lambda r: (r["process"], r["action"], r["moment"])  # noqa: E731
     new = {key(r): {**r, **stamp} for r in rows}
     old = [r for r in data.get("faults_detail", []) if "moment" in r and key(r) not in new]  # measured earlier
@@ -530,9 +532,14 @@ as the disk honours fsync; a write not yet answered may be lost (its client saw 
 retries). `tests/test_launcher_faults.py` checks the kill: 20 groups put, 3 read, 1
 acknowledged, SIGKILL, restart: the stream, the pending entries and the trained set are exactly
 as before, and the running server's `appendfsync` is `always` (a power loss cannot be made on this
-machine; that claim rests on the setting). Compose and the chart run `redis-server --appendonly
-yes` with Redis' default `appendfsync everysec`: a kill loses no answered write, a power loss up
-to about a second of writes.
+machine; that claim rests on the setting). Compose and the chart run their Redis the same way
+(`--appendonly yes --appendfsync always`, with `maxmemory` and `noeviction`), so the same holds
+there: a kill of the Redis container or pod loses no answered write, a power loss none that the
+disk (the `redis-data` volume, the chart's PersistentVolume) acknowledged as fsynced. Without a
+persistent volume (`redis.persistence.enabled: false`, an emptyDir) a deleted pod loses the
+buffer whatever the fsync setting. `tests/test_deploy_security.py` runs compose's Redis command
+line on a real redis-server and reads `appendfsync always` back; the chart's arguments are
+checked as rendered.
 """
     done = {key(r) for r in rows}
     missing = [f"{p} {a} {m}" for c in CAMPAIGNS.values() for p, a, m in c[0] if (p, a, m) not in done]
@@ -555,7 +562,13 @@ def main() -> None:
     p.add_argument("--no-docs", action="store_true")
     p.add_argument("--keep", action="store_true", help="keep the run folders")
     p.add_argument("--until", type=float, default=None, help="send no fault after this time.time()")
+    p.add_argument("--docs-only", action="store_true",
+                   help="run nothing: rewrite the Faults section from --json's faults_detail (each row keeps its commit)")
     a = p.parse_args()
+    if a.docs_only:
+        rows = json.loads(a.json.read_text())["faults_detail"]
+        write_docs(rows, None, a.out, a.json, restamp=False)
+        return
     from sinkflex.models import prepare_model
 
     policy = str(prepare_model(a.policy))
