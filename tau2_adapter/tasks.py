@@ -58,9 +58,11 @@ def _files_of(path: Path) -> tuple[Path, Path]:
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (JSON is UTF-8): {err}") from None
     except OSError as err:
         raise ValueError(f"{path}: cannot read: {err}") from None
 

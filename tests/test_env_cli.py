@@ -132,3 +132,28 @@ def test_a_bad_address_is_a_usage_error(address):
         result = CliRunner().invoke(app, argv)
         assert result.exit_code == 2, (argv, result.output)
         assert "is not host:port with a port in 1–65535" in result.output, result.output
+
+
+@pytest.mark.parametrize("flag, value", [("--ready-timeout", "nan"), ("--ready-timeout", "inf"), ("--ready-timeout", "-1"),
+                                         ("--ready-timeout", "0"), ("--timeout", "0"), ("--timeout", "nan")])
+def test_a_timeout_that_is_not_a_positive_number_is_a_usage_error(flag, value):
+    """Found by a bad-input pass: `env check ADDRESS --ready-timeout nan` waited forever for a server
+    that was not there (nan compares false with every deadline), and 0 or negative timeouts were
+    taken as given. Each is now exit 2 naming the flag, at once, for env check, env replay and
+    tasks check."""
+    argvs = [["env", "check", "127.0.0.1:1", flag, value]]
+    if flag == "--ready-timeout":
+        argvs += [["env", "replay", "--env", "mock", "--task", "create_task_1", "--address", "127.0.0.1:1", flag, value],
+                  ["tasks", "check", "x", "--env", "mock", "--address", "127.0.0.1:1", flag, value]]
+    for argv in argvs:
+        t0 = time.monotonic()
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2 and time.monotonic() - t0 < 30, (argv, result.output)
+        assert f"Invalid value for '{flag}'" in result.output and "is not a number of seconds > 0" in result.output, result.output
+
+
+def test_a_task_file_that_is_not_utf8_is_named(tmp_path):
+    (tmp_path / "tasks.json").write_bytes(b"\xff\xfe[]")
+    result = CliRunner().invoke(app, ["tasks", "check", str(tmp_path), "--env", "mock"])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'tasks.json'}: not UTF-8 text" in result.output and "Traceback" not in result.output

@@ -15,6 +15,20 @@ def check_address(address: str | None) -> str | None:
     return address
 
 
+def positive_seconds(value: float | None) -> float | None:
+    """A typer callback for a number of seconds (a timeout): None passes; anything but a finite
+    number > 0 (0, negative, nan, inf) is a usage error naming the value (exit 2)."""
+    import math
+
+    if value is None:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        import typer
+
+        raise typer.BadParameter(f"{value} is not a number of seconds > 0")
+    return value
+
+
 def env_client(env: str, address: str | None, ready_timeout: float, user_model: str | None = None,
                user_base_url: str | None = None, task_files: list[str] | None = None):
     """The env client of a CLI command: gRPC to the server at `address` once it is SERVING, or the

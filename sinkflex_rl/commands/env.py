@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from sinkflex.service_cli import APP_SETTINGS
-from sinkflex_rl.commands import check_address, env_client
+from sinkflex_rl.commands import check_address, env_client, positive_seconds
 
 app = typer.Typer(help="The env service: serve, check conformance, replay golden actions.",
                   no_args_is_help=True, **APP_SETTINGS)
@@ -40,8 +40,9 @@ def check(
     env: Optional[str] = typer.Option(None, help="environment to run episodes on (default: the first listed)"),
     task: Optional[str] = typer.Option(None, help="task to run (default: the env's first task)"),
     solo: Optional[bool] = typer.Option(None, "--solo/--no-solo", help="solo mode (default: where the env supports it)"),
-    timeout: float = typer.Option(120.0, help="seconds per call"),
-    ready_timeout: float = typer.Option(5.0, help="seconds for the server to accept a connection and be SERVING"),
+    timeout: float = typer.Option(120.0, help="seconds per call", callback=positive_seconds),
+    ready_timeout: float = typer.Option(5.0, help="seconds for the server to accept a connection and be SERVING",
+                                       callback=positive_seconds),
     concurrency: int = typer.Option(6, min=2, help="sessions the concurrency check runs at once"),
     max_sessions: Optional[int] = typer.Option(None, min=1, help="the server's session limit: also check Reset beyond it"),
 ) -> None:
@@ -71,7 +72,8 @@ def replay(
     user_model: Optional[str] = typer.Option(None, help="user LLM (in-process only)"),
     user_base_url: Optional[str] = typer.Option(None, help="user LLM base URL (in-process only)"),
     show: bool = typer.Option(False, "--show", help="print the trajectory"),
-    ready_timeout: float = typer.Option(10.0, help="seconds to wait for the server at --address to be SERVING"),
+    ready_timeout: float = typer.Option(10.0, help="seconds to wait for the server at --address to be SERVING",
+                                       callback=positive_seconds),
 ) -> None:
     """Replay a task's golden actions and print the final reward.
 

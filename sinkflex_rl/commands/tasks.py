@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 
 from sinkflex.service_cli import APP_SETTINGS
-from sinkflex_rl.commands import check_address, env_client
+from sinkflex_rl.commands import check_address, env_client, positive_seconds
 
 #: Most tasks one `tasks generate` writes per split (the generator holds them all in memory).
 MAX_TASKS = 100_000
@@ -91,7 +91,8 @@ def check(
                                           callback=check_address),
     user_model: Optional[str] = typer.Option(None, help="user LLM for non-solo tasks (in-process only)"),
     user_base_url: Optional[str] = typer.Option(None, help="user LLM base URL (in-process only)"),
-    ready_timeout: float = typer.Option(10.0, help="seconds to wait for the server at --address to be SERVING"),
+    ready_timeout: float = typer.Option(10.0, help="seconds to wait for the server at --address to be SERVING",
+                                       callback=positive_seconds),
 ) -> None:
     """Replay golden actions; report tasks that score below 1.0.
 
