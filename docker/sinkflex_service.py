@@ -97,6 +97,12 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
     For the learner, also sets `environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]` (unless set) to
     the experiment's `local.learner_stop_grace_s`: on SIGTERM torchrun gives the learner that
     long to finish its step and checkpoint before SIGKILL (torchrun's default is 30 s).
+    Without a visible GPU (`sinkflex_rl.placement.visible_gpus`), also the CPU process settings
+    the embedded default's launcher gives the same process (unless the environment sets them):
+    the rollout engine's OpenMP cores (`local.engine_cpu_threads_bind`: VLLM_CPU_OMP_THREADS_BIND,
+    VLLM_CPU_NUM_OF_RESERVED_CPU; vLLM's own default reserves a core, half of a 2-core machine),
+    the user simulator's core (the last one), the learner's GLIBC_TUNABLES
+    (`local.learner_glibc_tunables`).
 
     Raises:
         sinkflex.config.ConfigError: the experiment or a derived service config is invalid.
@@ -117,6 +123,7 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
         if not model:
             raise ValueError(f"{source}: models.user_simulator is not set (solo mode needs no user simulator)")
         model = resolve_policy(model)
+        _cpu_settings(service, cfg, environ)
         return [*COMMANDS[service], model, "--seed", str(cfg.run.seed)], None
     task_files, demonstrations = prepared_inputs(cfg)
     if service == "train":
@@ -133,10 +140,30 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
                               task_files=task_files, demonstrations=demonstrations)[SECTIONS[service]]
         if service == "learner":
             environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(int(cfg.local.learner_stop_grace_s)))
+        _cpu_settings(service, cfg, environ)
     path = Path(environ.get("SINKFLEX_CONFIG_DIR", "/tmp/sinkflex")) / f"{service}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(out.model_dump(mode="json"), sort_keys=False))
     return [*COMMANDS[service], str(path)], path
+
+
+def _cpu_settings(service: str, cfg, environ: dict[str, str]) -> None:
+    """The launcher's CPU settings of `service` into `environ` (derive's docstring); nothing on GPUs."""
+    from sinkflex_rl.placement import visible_gpus
+
+    if service not in ("rollout", "learner", "user-sim") or visible_gpus(environ):
+        return
+    from sinkflex_rl.local import engine_cpu_env, learner_cpu_env
+
+    if service == "rollout":
+        bind = cfg.local.engine_cpu_threads_bind or ("all" if cfg.rollout.max_staleness == 0 else "auto")
+        settings = engine_cpu_env(bind, user_sim=cfg.launches_user_sim())
+    elif service == "user-sim":
+        settings = {"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1))}
+    else:
+        settings = learner_cpu_env(cfg.local, on_gpus=False, environ=environ)
+    for key, value in settings.items():
+        environ.setdefault(key, value)
 
 
 def prepared_inputs(cfg) -> tuple[list[str], str | None]:

@@ -328,6 +328,25 @@ def test_jobs_prepare_the_demo_recipe_for_running_services(script, tmp_path):
     assert train.task.generate is None and train.task.task_files == [str(run / "tasks")]
     assert (train.task.train_split, train.task.eval_split, train.validation.every_steps) == ("train", "test", 4)
 
+    # without a GPU, the CPU settings the local launcher gives the same processes (sinkflex_rl/local.py)
+    import os
+
+    from sinkflex_rl.config import LEARNER_GLIBC_TUNABLES
+
+    cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    cpu = {**environ, "CUDA_VISIBLE_DEVICES": ""}
+    script.derive("rollout", cpu)
+    assert (cpu["VLLM_CPU_OMP_THREADS_BIND"], cpu["VLLM_CPU_NUM_OF_RESERVED_CPU"]) == (cores, "0")  # solo: every core
+    script.derive("learner", cpu)
+    assert cpu["GLIBC_TUNABLES"] == LEARNER_GLIBC_TUNABLES
+    gpu = {**environ, "CUDA_VISIBLE_DEVICES": "0"}
+    script.derive("rollout", gpu)
+    script.derive("learner", gpu)
+    assert not {"VLLM_CPU_OMP_THREADS_BIND", "GLIBC_TUNABLES"} & set(gpu)
+    mine = {**environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    script.derive("rollout", mine)
+    assert mine["VLLM_CPU_OMP_THREADS_BIND"] == "0"  # the environment's own setting wins
+
     # warm-start: needs the env and reward addresses; skipped once written or when off
     with pytest.raises(ValueError, match="set SINKFLEX_ENV_ADDRESS, SINKFLEX_REWARD_ADDRESS"):
         script.run_job("warm-start", {k: v for k, v in environ.items() if k not in ("SINKFLEX_ENV_ADDRESS", "SINKFLEX_REWARD_ADDRESS")})
