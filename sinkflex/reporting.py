@@ -59,8 +59,13 @@ class MetricsWriter:
     def write(self, kind: str, step: int, metrics: Mapping[str, float]) -> dict:
         record = {"kind": kind, "step": int(step), "time": time.time(),
                   **{k: int(v) if isinstance(v, int) else float(v) for k, v in metrics.items()}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        with open(self.path, "a+b") as f:  # after a line cut short by a kill, start a new line (read_metrics skips the cut one)
+            f.seek(0, 2)
+            cut = False
+            if f.tell():
+                f.seek(-1, 2)
+                cut = f.read(1) != b"\n"
+            f.write((("\n" if cut else "") + json.dumps(record) + "\n").encode())
         if self._tb is not None:
             for name, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
@@ -92,11 +97,30 @@ class MetricsWriter:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """All records of `<run_dir>/metrics.jsonl` (an empty list when there is none)."""
+    """All records of `<run_dir>/metrics.jsonl` (an empty list when there is none).
+
+    A line that is not a JSON object (a record cut short when its writer was killed or the disk
+    filled) is skipped with a warning naming its line numbers, so that such a run folder still
+    resumes and summarises."""
     path = Path(run_dir) / JSONL_NAME
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records, bad = [], []
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and "kind" in record:
+            records.append(record)
+        else:
+            bad.append(n)
+    if bad:
+        log.warning("%s: skipped %d line(s) that are not records (cut short?): line %s", path, len(bad),
+                    ", ".join(map(str, bad[:10])) + (" …" if len(bad) > 10 else ""))
+    return records
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:

@@ -661,8 +661,18 @@ def stratified_order(ids: list[str], stratum: dict[str, str]) -> list[str]:
 
 
 def read_validations(run_dir: str | Path) -> list[dict]:
-    """The run's validations (<run dir>/validation/*.json), in policy-version order."""
-    out = [json.loads(p.read_text()) for p in validation_dir(run_dir).glob("*.json")]
+    """The run's validations (<run dir>/validation/*.json), in policy-version order. A file that is not
+    a validation (one cut short when the driver was killed writing it) is skipped with a warning."""
+    out = []
+    for p in sorted(validation_dir(run_dir).glob("*.json")):
+        try:
+            record = json.loads(p.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as err:
+            record = err
+        if isinstance(record, dict) and isinstance(record.get("policy_version"), int) and "after" in record:
+            out.append(record)
+        else:
+            log.warning("%s: skipped, not a validation record (cut short?): %s", p, str(record)[:200])
     order = {"base": 0, "warm_start": 1}
     return sorted(out, key=lambda r: (r["policy_version"], order.get(r["after"], 2)))
 

@@ -271,7 +271,10 @@ def prepare_task_files(cfg: TrainConfig) -> list[str]:
         want = {"domain": cfg.task.env,  # a solo set's stamp has no kind
                 **g.model_dump(mode="json", exclude={"kind"} if g.kind == "solo" else None)}
         if (out / "tasks.json").is_file():
-            have = json.loads(stamp.read_text()) if stamp.is_file() else None
+            try:
+                have = json.loads(stamp.read_text(encoding="utf-8")) if stamp.is_file() else None
+            except (ValueError, OSError):  # cut short when the run was killed writing it
+                have = f"an unreadable {stamp.name}"
             if have != want:
                 raise ConfigError(f"{out} holds tasks generated with {have}, but task.generate is now {want}: "
                                   "delete the folder or choose another run.output_dir")

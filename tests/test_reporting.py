@@ -167,3 +167,49 @@ def test_summary_table_puts_each_validation_on_the_step_that_produced_its_versio
     assert "0.000 [0.000, 0.000]" in rows[("-", "0")] and "0.250 [0.170, 0.330]" in rows[("-", "1")]
     assert "0.414" in rows[("4", "5")] and "0.547" in rows[("8", "9")]
     assert "0.414" not in rows[("5", "6")] and "0.250" not in rows[("1", "2")]
+
+
+def test_a_run_folder_with_records_cut_short_still_resumes_and_summarises(tmp_path, caplog):
+    """Found by a bad-input pass over run folders: a metrics.jsonl line cut short (the driver or the
+    learner killed mid-write, a full disk) made `read_metrics` raise, which the resume reads
+    (`Controller`, recovered train records) and the summary too, so every later run of that folder
+    ended in a traceback; the next record was even glued onto the cut line. Now the cut line is
+    skipped with a warning, the writer starts a new line after it, and a validation file cut short
+    is skipped the same way; a generate.json stamp cut short is a refusal naming it, not a traceback."""
+    from sinkflex.reporting import MetricsWriter, read_metrics
+    from sinkflex_rl.controller import read_validations, validation_dir
+
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    w.write("train", 1, {"loss": 0.5})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "step": 2, "lo')  # killed mid-write
+    w.write("train", 2, {"loss": 0.25})  # the resumed run's next record
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write("[1, 2]\n\n")  # JSON, but not a record
+    w.write("val", 2, {"mean_at_1": 0.5})
+    with caplog.at_level("WARNING"):
+        records = read_metrics(tmp_path)
+    assert [(r["kind"], r["step"]) for r in records] == [("train", 1), ("train", 2), ("val", 2)]
+    assert records[1]["loss"] == 0.25
+    assert "skipped 2 line(s)" in caplog.text and "line 2, 4" in caplog.text
+
+    vdir = validation_dir(tmp_path)
+    vdir.mkdir()
+    (vdir / "base.json").write_text(json.dumps({"after": "base", "policy_version": 0, "per_task": {}}))
+    (vdir / "step_4.json").write_text('{"after": "step_4", "policy_ver')
+    (vdir / "other.json").write_text("[]")
+    assert [v["after"] for v in read_validations(tmp_path)] == ["base"]
+
+
+def test_a_generate_stamp_cut_short_is_a_refusal_naming_it(tmp_path):
+    from sinkflex.config import ConfigError
+    from sinkflex_rl.config import TrainConfig
+    from sinkflex_rl.local import prepare_task_files
+
+    cfg = TrainConfig.model_validate({"run": {"output_dir": str(tmp_path)}, "task": {"env": "mock", "solo_mode": True,
+                                      "generate": {"train": 4, "test": 2}}, "models": {"user_simulator": None}})
+    prepare_task_files(cfg)
+    assert prepare_task_files(cfg) == [str(tmp_path / "tasks")]  # a re-run reuses them
+    (tmp_path / "tasks" / "generate.json").write_text('{"domain": "mo')
+    with pytest.raises(ConfigError, match="holds tasks generated with an unreadable generate.json"):
+        prepare_task_files(cfg)
