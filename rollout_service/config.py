@@ -45,7 +45,8 @@ class EngineConfig(StrictModel):
     policy_version: int = Field(0, ge=0)
     """Policy version of the weights in `model`."""
 
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """The engine's seed, in 0 … 2**32 − 1 (vLLM seeds numpy with it, which takes no other)."""
 
 
 class AgentConfig(StrictModel):

@@ -96,8 +96,9 @@ class RunConfig(StrictModel):
     (null or left out; an empty string is refused, not read as the default)."""
     steps: int = Field(3, ge=1)
     """Learner steps = policy versions to train (a re-run resumes and stops at this total)."""
-    seed: int = 0
-    """Seed of the task schedule and of sampling."""
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seed of the task schedule and of sampling, in 0 … 2**32 − 1 (the rollout engine's seed:
+    vLLM seeds numpy with it, which takes no other)."""
     step_timeout_s: float = Field(3600.0, gt=0)
     """How long one step (rollouts + learner update) may take before the job fails."""
 

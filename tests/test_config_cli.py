@@ -305,3 +305,19 @@ def test_task_env_outside_env_service_domains_is_refused_at_load(tmp_path):
     _one_line(_cli("config", "show", "-c", str(cfg)), 2, "task.env 'mock' is not among env_service.domains (retail)")
     cfg.write_text("task: {env: mock, solo_mode: true}\nenv_service: {domains: [retail, mock]}\n")
     assert _cli("config", "show", "-c", str(cfg)).exit_code == 0
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296", "99999999999999999999999"])
+def test_a_seed_the_engine_cannot_take_is_refused_at_load(seed):
+    """Found by a bad-input pass: run.seed -1 or >= 2**32 loaded, then the rollout engine died at
+    start (vLLM seeds numpy with it: 'Seed must be between 0 and 2**32 - 1'), minutes in; a huge one
+    would also overflow RolloutRequest.seed (int64) mid-run."""
+    _one_line(_cli("config", "show", "-c", str(DEMO), "--set", f"run.seed={seed}"), 2, "run.seed: Input should be")
+    from pydantic import ValidationError
+
+    from rollout_service.config import RolloutConfig
+
+    with pytest.raises(ValidationError, match=r"engine\.seed\n  Input should be"):
+        RolloutConfig.model_validate({"engine": {"model": "m", "seed": int(seed)}})
+    assert RolloutConfig.model_validate({"engine": {"model": "m", "seed": 2**32 - 1}}).engine.seed == 2**32 - 1
+    assert _cli("config", "show", "-c", str(DEMO), "--set", "run.seed=4294967295").exit_code == 0
