@@ -114,6 +114,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     if placement.on_gpus:
         log.info("GPU placement: %s; learner --nproc_per_node=%d", placement.cuda_visible_devices, placement.learner_nproc)
     run_dir = cfg.run.dir()
+    policy = _model(cfg, "policy")  # before the embedded Redis starts: a bad models.policy starts nothing
     redis_url = cfg.services.redis_url or os.environ.get("REDIS_URL") or embedded_redis_url(path=str(run_dir / "redis" / "buffer.db"))
     from sinkflex.buffer.embedded import embedded_redis_pid, restart_embedded_redis
 
@@ -121,7 +122,6 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     if redis_pid:  # the embedded server runs in its own process: watched (and restarted) like a service
         launcher.watch("redis", redis_pid, restart=lambda: restart_embedded_redis(redis_url),
                        max_restarts=_max_restarts(cfg, "redis"))
-    policy = _model(cfg, "policy")
     ports = {name: free_port() for name in ("env", "reward", "rollout", "learner", "user_sim")}
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     env_running = cfg.services.env_only()

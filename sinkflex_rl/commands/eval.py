@@ -174,8 +174,8 @@ def evaluate(
     with LocalLauncher(out) as launcher:
         try:
             addresses = external_addresses(cfg) if cfg.services.external() else launch_local(cfg, launcher, learner=False)
-        except ConfigError as err:
-            fail(str(err), 2)
+        except ConfigError as err:  # models.policy is what --policy set
+            fail(str(err).replace("models.policy: ", "--policy: ", 1) if str(err).startswith("models.policy: ") else str(err), 2)
         except Exception:
             message = launcher.diagnose()
             if message is None:
