@@ -451,7 +451,7 @@ def write_docs(rows: list[dict], command: str | None, md_path: Path, json_path: 
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
     stamp = {"command": command, "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "commit": COMMIT_AT_START, "load_avg_at_end": round(os.getloadavg()[0], 2)} if restamp else {}
-    key = lambda r: (r["process"], r["action"], r["moment"])  # noqa: E731
+    key = lambda r: (r["process"], r["action"], r["moment"])
     new = {key(r): {**r, **stamp} for r in rows}
     old = [r for r in data.get("faults_detail", []) if "moment" in r and key(r) not in new]  # measured earlier
     order = [key(f) for c in CAMPAIGNS.values() for f in ({"process": p, "action": a, "moment": m} for p, a, m in c[0])]
@@ -462,9 +462,9 @@ def write_docs(rows: list[dict], command: str | None, md_path: Path, json_path: 
     json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     runs = {}
     for r in rows:
-        runs.setdefault((r["command"], r["commit"], r["measured_at"]), []).append(r["campaign"])
-    commits = "; ".join(f"`{c}` at commit `{h}`, {t} (campaigns {', '.join(dict.fromkeys(n))})"
-                        for (c, h, t), n in runs.items())
+        runs.setdefault((r["command"], r["commit"], r["measured_at"], r.get("load_avg_at_end")), []).append(r["campaign"])
+    commits = "; ".join(f"`{c}` at commit `{h}`, {t} (campaigns {', '.join(dict.fromkeys(n))}; 1-min load average "
+                        f"{load} at its end)" for (c, h, t, load), n in runs.items())
     ok = sum(1 for r in rows if r["recovered_in_run"] and r["groups_lost"] == 0 and r["groups_trained_twice"] == 0)
     table = "\n".join(
         f"| {r['process']} | {r['action']} | {r['moment']} | {'yes' if r['recovered_in_run'] else 'NO'} | "
@@ -472,7 +472,7 @@ def write_docs(rows: list[dict], command: str | None, md_path: Path, json_path: 
         f"{r['campaign']} | {str(r.get('evidence', '')).replace('|', '/')} |" for r in rows)
     section = f"""Faults
 
-Measured by [`benchmarks/faults.py`](../benchmarks/faults.py) on a 2-core machine: {commits}; the same rows are in [reliability.json](reliability.json) under `faults`
+Measured by [`benchmarks/faults.py`](../benchmarks/faults.py) on a 2-core machine shared with other sessions: {commits}; the same rows are in [reliability.json](reliability.json) under `faults`
 (`{{{", ".join(ROW_KEYS)}}}`), with each restart's line, the evidence of the moment and the
 buffer's and learner's figures under `faults_detail`. **{ok} of {len(rows)}** faults recovered
 in-run with 0 groups lost and 0 trained twice.
@@ -489,8 +489,10 @@ it yet: UpdateWeights in flight). SIGSTOP is left in place: the launcher finds t
 frozen past its 30 s freeze timeout, kills and restarts it. **Recovered in-run**: the run's
 recoveries.jsonl names the signalled pid in a restart and the run finishes by itself.
 **Retried**: the groups of the step's Rollout request that the recovery cut off (rolled out
-again). **Lost**: published but neither trained nor counted as dropped at the end; **twice**:
-trained in two learner steps; both are the campaign's (0 for a campaign is 0 for each of its
+again). **Lost**: published but neither trained nor counted as dropped at the end (published:
+the buffer's `BufferStats.added`, every group ever added to the stream, which must also cover the
+groups the controller recorded; trained: the buffer's trained-id set); **twice**: trained in two
+learner steps (the learner's per-step group counts beyond the distinct trained ids); both are the campaign's (0 for a campaign is 0 for each of its
 faults). The policy version, its published folder and the last checkpoint agree at the end of
 every campaign that finished. A short version (one in-run recovery) runs in the suite:
 `tests/test_faults.py`.
