@@ -117,6 +117,7 @@ class Stack:
         config = yaml.safe_load(self._run([*self.base, "config"]).stdout)
         self.project = config.get("name") or Path(files[0] if files else ".").resolve().parent.name
         self.services: dict[str, dict] = config["services"]
+        self.secrets: dict[str, dict] = config.get("secrets") or {}
         self.healthy: set[str] = set()
         self.last_check: dict[str, float] = {}
         self.known_ids: dict[str, str] = {}
@@ -213,6 +214,26 @@ class Stack:
             self.check(service)
 
 
+#: what writes the secret files docker-compose.yml and docker-compose.tls.yml mount
+SECRET_HINTS = {"redis-": "python scripts/redis_acl.py redis-auth (or $SINKFLEX_REDIS_AUTH_DIR)",
+                "sinkflex-tls-": "python scripts/tls_dev_certs.py tls (or $SINKFLEX_TLS_DIR)"}
+
+
+def missing_secret_files(services: dict[str, dict], secrets: dict[str, dict], order: list[str],
+                         base: Path = Path(".")) -> list[str]:
+    """One line per secret file that a service in `order` mounts and that does not exist (a relative
+    path is the compose file's folder's, `base`): compose would fail only when it creates that
+    container, after the others started."""
+    out = []
+    for name in dict.fromkeys(s if isinstance(s, str) else s.get("source", "")
+                              for svc in order for s in services[svc].get("secrets") or []):
+        path = (secrets.get(name) or {}).get("file")
+        if path and not (base / path).exists():
+            hint = next((h for prefix, h in SECRET_HINTS.items() if name.startswith(prefix)), "")
+            out.append(f"secret {name}: {path} does not exist" + (f"; write it with {hint}" if hint else ""))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="+", metavar="TARGET")
@@ -226,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
 
     stack = Stack(shlex.split(args.compose), args.files, args.profiles, args.events)
     order = start_order(stack.services, args.targets)
+    missing = missing_secret_files(stack.services, stack.secrets, order,
+                                   Path(args.files[0]).resolve().parent if args.files else Path.cwd())
+    if missing:
+        for line in missing:
+            print(f"compose_up: {line}", file=sys.stderr)
+        return 2
     stack.emit("up", services=order)
     started: list[str] = []
     with_health = {s for s in order if has_healthcheck(stack.services[s])}

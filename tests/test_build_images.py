@@ -130,6 +130,31 @@ def test_compose_up_starts_every_service_after_what_it_depends_on(compose):
         compose_up.start_order({"a": {"depends_on": ["b"]}, "b": {"depends_on": ["a"]}}, ["a"])
 
 
+def test_compose_up_names_missing_secret_files_before_starting_anything(compose, tmp_path):
+    """The Redis users' files (scripts/redis_acl.py) and the TLS overlay's certificates are checked for every
+    service it would start, relative to the compose file's folder, each missing one named with what writes it."""
+    import yaml
+
+    compose_up = _load_compose_up()
+    tls = yaml.safe_load((ROOT / "docker-compose.tls.yml").read_text())
+    services = {n: {**s, "secrets": [*s.get("secrets", []), *tls["services"].get(n, {}).get("secrets", [])]}
+                for n, s in compose["services"].items() if not s.get("profiles") or "cpu" in s["profiles"]}
+    secrets = {k: {"file": interpolate_defaults(v["file"])} for k, v in {**compose["secrets"], **tls["secrets"]}.items()}
+    order = compose_up.start_order(services, ["train-cpu"])
+    missing = compose_up.missing_secret_files(services, secrets, order, tmp_path)
+    assert "secret redis-users-acl: ./redis-auth/users.acl does not exist; write it with python scripts/redis_acl.py " \
+           "redis-auth (or $SINKFLEX_REDIS_AUTH_DIR)" in missing
+    assert any(m.startswith("secret sinkflex-tls-driver-key: ./tls/driver.key does not exist; write it with python "
+                            "scripts/tls_dev_certs.py tls") for m in missing)
+    assert len(missing) == 5 + 11  # Redis' acl file and 4 passwords; the CA and 5 identities' pairs
+    spec = importlib.util.spec_from_file_location("redis_acl", ROOT / "scripts" / "redis_acl.py")
+    redis_acl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(redis_acl)
+    redis_acl.write_acl(tmp_path / "redis-auth")
+    missing = compose_up.missing_secret_files(services, secrets, order, tmp_path)
+    assert len(missing) == 11 and all("sinkflex-tls-" in m for m in missing)
+
+
 @pytest.mark.parametrize("value,seconds", [("15s", 15.0), ("1m30s", 90.0), ("500ms", 0.5), ("2h", 7200.0), (5, 5.0),
                                            (None, 30.0)])
 def test_compose_durations(value, seconds):
