@@ -55,6 +55,9 @@ class Sampling:
     max_new_tokens: int = 256
     seed: int | None = None  # None: unseeded
     guide_regex: str | None = None  # the reply must match this regex (vLLM structured outputs; not on the wire)
+    # or this xgrammar structural tag (JSON text; its "token" elements pin special-token ids, which a regex cannot:
+    # a regex matches text, so a special token's text may be sampled as plain characters); not on the wire
+    guide_structural_tag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -252,7 +255,9 @@ class Engine:
             max_tokens=budget, min_tokens=min(min_tokens, budget), seed=sampling.seed, logprobs=0 if want_logprobs else None,
             stop_token_ids=list(stop_token_ids or []), detokenize=False, skip_special_tokens=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
-            structured_outputs=StructuredOutputsParams(regex=sampling.guide_regex) if sampling.guide_regex else None,
+            structured_outputs=(StructuredOutputsParams(regex=sampling.guide_regex) if sampling.guide_regex else
+                                StructuredOutputsParams(structural_tag=sampling.guide_structural_tag)
+                                if sampling.guide_structural_tag else None),
         )
         async with self._idle:
             await self._idle.wait_for(lambda: not self._updating)
