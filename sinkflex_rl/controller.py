@@ -171,12 +171,26 @@ class Controller:
         return n
 
     # -- tasks ---------------------------------------------------------------------------
+    def _task_infos(self, field: str, split: str) -> list:
+        """The env's tasks of `split`; an env or split it does not know (NOT_FOUND) is a ConfigError
+        naming `field` (task.train_split / task.eval_split), not a traceback once every service loaded."""
+        try:
+            return list(self.env.task_infos(self.cfg.task.env, split))
+        except Exception as err:  # ServiceError in-process, grpc.RpcError over gRPC
+            code = getattr(err, "code", None)
+            code = code() if callable(code) else code
+            if getattr(code, "name", None) != "NOT_FOUND":
+                raise
+            details = err.details() if callable(getattr(err, "details", None)) else getattr(err, "message", str(err))
+            raise ConfigError(f"{field}: split {split!r} of env {self.cfg.task.env!r}: the env service says: "
+                              f"{str(details)[:500]}") from None
+
     def train_tasks(self) -> list[str]:
         """The train tasks in RL order (task.order): a seeded shuffle, optionally stratified."""
         t = self.cfg.task
         listed: dict[str, str] = {}
         if not t.task_ids or t.order == "stratified":
-            listed = {x.task_id: x.description for x in self.env.task_infos(t.env, t.train_split)}
+            listed = {x.task_id: x.description for x in self._task_infos("task.train_split", t.train_split)}
         ids = list(t.task_ids or listed)
         if not ids:
             raise ValueError(f"no tasks in split {t.train_split!r} of env {t.env!r}")
@@ -189,7 +203,7 @@ class Controller:
         """The first validation.num_tasks tasks of the eval split (all when 0); remembers each one's
         description (τ²-Bench's ``Task.description.purpose``) for the per-purpose breakdown."""
         t, v = self.cfg.task, self.cfg.validation
-        listed = self.env.task_infos(t.env, t.eval_split)
+        listed = self._task_infos("task.eval_split", t.eval_split)
         self._eval_purpose = {x.task_id: x.description for x in listed}
         ids = [x.task_id for x in listed]
         return ids[: v.num_tasks] if v.num_tasks else ids

@@ -131,6 +131,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
         addresses["reward"] = ""
 
     task_files = prepare_task_files(cfg)
+    check_task_selection(cfg, task_files, train=learner)  # before anything starts: a typo'd split fails now
     specs = []
     user_base_url = None
     if cfg.launches_user_sim():
@@ -212,6 +213,38 @@ def check_env_domains(cfg: TrainConfig) -> None:
     except ValueError as err:
         raise ConfigError(f"task.env: {err} (the local env service serves those); an env of your own runs as its "
                           "own server: set services.env_address (docs/plugins.md)") from None
+
+
+def check_task_selection(cfg: TrainConfig, task_files: list[str], train: bool = True) -> None:
+    """The splits and task ids the run names exist in the task set the local env service will serve
+    (τ²-Bench's tasks of task.env plus `task_files`): task.train_split (unless task.task_ids
+    pick the tasks) and task.task_ids when `train`, task.eval_split when validating (or `train`
+    False: `sinkflex-rl eval`). Nothing to check when an env server runs already.
+
+    Raises:
+        ConfigError: naming the field, the missing split or ids, and the splits there are.
+    """
+    if cfg.env_service is None or cfg.services.env_only() or cfg.services.external():
+        return
+    from tau2_adapter.tasks import domain_tasks
+
+    try:
+        tasks = domain_tasks(cfg.task.env, task_files)
+    except ValueError as err:
+        raise ConfigError(f"task.task_files: {err}") from None
+    t, splits = cfg.task, ", ".join(sorted(tasks.splits)) or "none"
+    checks = []
+    if train and (not t.task_ids or t.order == "stratified"):
+        checks.append(("task.train_split", t.train_split))
+    if not train or cfg.validation.every_steps:
+        checks.append(("task.eval_split", t.eval_split))
+    for field, split in checks:
+        if split not in tasks.splits:
+            raise ConfigError(f"{field}: env {t.env!r} has no split {split[:200]!r} (its splits: {splits[:1000]})")
+    missing = [i for i in (t.task_ids or []) if i not in tasks.tasks] if train else []
+    if missing:
+        shown = ", ".join(repr(i[:100]) for i in missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise ConfigError(f"task.task_ids: env {t.env!r} has no task {shown}")
 
 
 def _max_restarts(cfg: TrainConfig, name: str) -> int:

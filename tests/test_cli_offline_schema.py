@@ -67,6 +67,7 @@ def test_launched_services_run_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(local, "_model", lambda cfg, field: str(tmp_path))
     cfg = load_train_config(ROOT / "configs" / "demo.yaml", [f"run.output_dir={tmp_path / 'run'}",
                                                               "services.redis_url=redis://127.0.0.1:1", "task.generate=null",
+                                                              "task.train_split=base", "task.eval_split=base",
                                                               "warm_start.enabled=false"])
     local.launch_local(cfg, Recorder(), visible=[])
     assert {s.name for s in started} >= {"env", "reward", "rollout", "learner"}

@@ -332,3 +332,58 @@ def test_a_policy_that_is_not_there_stops_eval_and_train_before_the_embedded_red
     _one_line(_cli("train", "-c", str(DEMO), "--output-dir", str(tmp_path / "t"), "--set", f"models.policy={tmp_path / 'no-such'}"),
               2, "models.policy: model")
     assert not (tmp_path / "t" / "redis").exists()
+
+
+class _Recorder:
+    """A launcher that records what launch_local would start and starts nothing."""
+
+    def __init__(self):
+        self.specs = []
+
+    def watch(self, *a, **k):
+        pass
+
+    def start_all(self, specs, ready_timeout=0.0):
+        self.specs.extend(specs)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["task.eval_split=tets"], "task.eval_split: env 'mock' has no split 'tets' (its splits: base, test, train)"),
+    (["task.train_split=trian"], "task.train_split: env 'mock' has no split 'trian'"),
+    (["task.task_ids=[gen_nope, create_task_1]"], "task.task_ids: env 'mock' has no task 'gen_nope'"),
+])
+def test_a_split_or_task_the_env_lacks_stops_the_launch_before_anything_starts(tmp_path, monkeypatch, sets, message):
+    """Found by a bad-input pass: a typo'd split (task.eval_split: tets) was found only by the
+    controller once the engine and the learner had loaded, minutes in, and ended in a traceback
+    (the env's NOT_FOUND); unknown task_ids likewise after the launch. Now the launch refuses them
+    before anything starts, naming the field and the splits there are."""
+    import sinkflex_rl.local as local
+
+    monkeypatch.setattr(local, "resolve_model", lambda name, hub=None: str(tmp_path / "model"))
+    cfg = load_train_config(DEMO, [f"run.output_dir={tmp_path / 'run'}", "services.redis_url=redis://127.0.0.1:1/0", *sets])
+    launcher = _Recorder()
+    with pytest.raises(ConfigError) as err:
+        local.launch_local(cfg, launcher, visible=[])
+    assert message in str(err.value) and launcher.specs == []
+
+
+def test_the_controller_names_a_split_a_running_env_lacks(tmp_path):
+    """With an env server that runs already (nothing to check before the launch), the controller's
+    NOT_FOUND for a split is a ConfigError naming the field (train exits 2), not a traceback."""
+    from env_service.client import LocalEnvClient
+    from env_service.config import EnvServiceConfig
+    from sinkflex_rl.controller import Controller
+
+    cfg = load_train_config(DEMO, [f"run.output_dir={tmp_path / 'run'}", "task.generate=null", "task.eval_split=tets",
+                                   "warm_start.enabled=false"])
+
+    class Clients:
+        env = LocalEnvClient(EnvServiceConfig(domains=("mock",), user_base_url=None))
+        reward = rollout = learner = None
+
+        def close(self):
+            pass
+
+    controller = Controller(cfg, Clients())
+    with pytest.raises(ConfigError, match="task.eval_split: split 'tets' of env 'mock': the env service says: .*unknown split"):
+        controller.eval_tasks()

@@ -128,6 +128,7 @@ def _launch(monkeypatch, tmp_path, config, overrides=(), visible=None):
 
     monkeypatch.setattr(local, "resolve_model", lambda name, hub=None: str(tmp_path / "model"))
     monkeypatch.setattr(local, "prepare_task_files", lambda cfg: [])
+    monkeypatch.setattr(local, "check_task_selection", lambda *a, **k: None)  # the task files above are not written
     monkeypatch.setattr(local, "write_demonstrations_for", lambda *a, **k: None)
     cfg = load_train_config(ROOT / "configs" / config, [f"run.output_dir={tmp_path / 'run'}",
                                                         "services.redis_url=redis://127.0.0.1:1/0", *overrides])

@@ -148,6 +148,7 @@ def evaluate(
         base = load_train_config(config, sets)
     except ConfigError as err:
         fail(str(err), 2)
+    split_given = split is not None
     split = split or base.task.eval_split
     name = Path(served).name if Path(served).exists() else re.sub(r"[^A-Za-z0-9._-]+", "_", served)
     out = output_dir or ((run_dir / "eval" if run_dir else Path("runs") / "eval") / f"{name}-{split}")
@@ -174,8 +175,12 @@ def evaluate(
     with LocalLauncher(out) as launcher:
         try:
             addresses = external_addresses(cfg) if cfg.services.external() else launch_local(cfg, launcher, learner=False)
-        except ConfigError as err:  # models.policy is what --policy set
-            fail(str(err).replace("models.policy: ", "--policy: ", 1) if str(err).startswith("models.policy: ") else str(err), 2)
+        except ConfigError as err:  # models.policy is what --policy set, task.eval_split what --split set
+            said = str(err)
+            for field, flag in (("models.policy: ", "--policy: "), *((("task.eval_split: ", "--split: "),) if split_given else ())):
+                if said.startswith(field):
+                    said = flag + said[len(field):]
+            fail(said, 2)
         except Exception:
             message = launcher.diagnose()
             if message is None:
