@@ -218,9 +218,39 @@ _UniqueKeyLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+#: The most values (mappings, lists and scalars, counted as often as aliases repeat them) a
+#: config document may expand to: far above any real config, far below what a "billion laughs"
+#: document of nested aliases expands to (one of 1 KB made `config show` take 6.6 GB in a minute).
+MAX_YAML_VALUES = 1_000_000
+
+
+class YAMLTooLarge(yaml.YAMLError):
+    """A document that expands to more than `MAX_YAML_VALUES` values."""
+
+
+def _check_expansion(data: Any, limit: int = MAX_YAML_VALUES) -> None:
+    """Counts `data`'s values as a reader of it would meet them (an alias once per use); raises
+    `YAMLTooLarge` past `limit`, after at most `limit` steps (a self-referencing alias included)."""
+    seen, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > limit:
+            raise YAMLTooLarge(f"the document expands to more than {limit:,} values (aliases repeat what their anchor "
+                               "names: nested ones multiply); write the values out, or use fewer aliases")
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple, set)):
+            stack.extend(node)
+
+
 def load_yaml(text: str):
-    """`yaml.safe_load(text)`, with duplicate mapping keys an error (`yaml.YAMLError`)."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    """`yaml.safe_load(text)`, with duplicate mapping keys an error and a document that expands to
+    more than `MAX_YAML_VALUES` values through aliases an error (`yaml.YAMLError` both)."""
+    data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    _check_expansion(data)
+    return data
 
 
 def located(errors: Sequence[ValidationError], sections: Sequence[str], title: str) -> ValidationError:
@@ -278,16 +308,17 @@ def set_dotted(data: dict, assignment: str) -> dict:
             that goes through a value that is not a mapping; the message names the assignment.
     """
     key, sep, text = assignment.partition("=")
+    shown = _bounded(assignment, 200)  # what the errors echo: a value may be megabytes
     key = key.strip()
     parts = key.split(".")
     if not sep or not key or any(not p for p in parts):
-        raise ConfigError(f"--set {assignment!r}: expected dotted.field=value, e.g. rollout.group_size=8")
+        raise ConfigError(f"--set {shown!r}: expected dotted.field=value, e.g. rollout.group_size=8")
     try:
         value = load_yaml(text) if text.strip() else None
     except RecursionError:
         raise ConfigError(f"--set {assignment[:80]!r}: the value is nested too deeply") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"--set {assignment!r}: the value is not valid YAML: {err}") from None
+        raise ConfigError(f"--set {shown!r}: the value is not valid YAML: {err}") from None
     out = dict(data)
     node = out
     for depth, part in enumerate(parts[:-1]):
@@ -296,7 +327,7 @@ def set_dotted(data: dict, assignment: str) -> dict:
             child = {}
         elif not isinstance(child, dict):
             where = ".".join(parts[: depth + 1])
-            raise ConfigError(f"--set {assignment!r}: {where} is {child!r}, not a section with fields")
+            raise ConfigError(f"--set {shown!r}: {where} is {repr(child)[:200]}, not a section with fields")
         node[part] = dict(child)
         node = node[part]
     node[parts[-1]] = value

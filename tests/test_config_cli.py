@@ -387,3 +387,36 @@ def test_the_controller_names_a_split_a_running_env_lacks(tmp_path):
     controller = Controller(cfg, Clients())
     with pytest.raises(ConfigError, match="task.eval_split: split 'tets' of env 'mock': the env service says: .*unknown split"):
         controller.eval_tasks()
+
+
+def _laughs(levels: int = 9) -> str:
+    lines = ["    a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels):
+        lines.append(f"    a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    return "\n".join(lines)
+
+
+def test_a_config_of_nested_aliases_is_refused_in_a_second_not_expanded(tmp_path):
+    """Found by a bad-input pass: a 1 KB experiment file of nested YAML aliases (a "billion laughs"
+    document) under env_service.user_llm_extra_args (any values) made `config show` grow to 6.6 GB
+    in a minute (killed at the time limit): validation and dumping walk every alias. Now the
+    document is refused at load, also through --set, and a self-referencing alias too; the
+    message of a huge --set is cut."""
+    import time
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("env_service:\n  user_llm_extra_args:\n" + _laughs() + "\n")
+    t0 = time.monotonic()
+    _one_line(_cli("config", "show", "-c", str(bomb)), 2, f"config {bomb} is not valid YAML: the document expands to more "
+              "than 1,000,000 values")
+    assert time.monotonic() - t0 < 30
+    value = "{" + _laughs().replace("\n", ",").replace("    ", "") + "}"
+    out = _one_line(_cli("config", "show", "-c", str(DEMO), "--set", f"env_service.user_llm_extra_args={value}"), 2,
+                    "the value is not valid YAML: the document expands to more than 1,000,000 values")
+    assert len(out) < 2000
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("env_service:\n  user_llm_extra_args: &a {x: *a}\n")
+    _one_line(_cli("config", "show", "-c", str(loop)), 2, "expands to more than 1,000,000 values")
+    few = tmp_path / "few.yaml"  # aliases as configs use them: fine
+    few.write_text("rollout: &r {max_turns: 3}\nvalidation: {trials: 2}\nenv_service:\n  user_llm_extra_args: {a: *r, b: *r}\n")
+    assert _cli("config", "show", "-c", str(few)).exit_code == 0
