@@ -218,6 +218,31 @@ LABELS = {"env": "env service", "reward": "reward service", "rollout": "rollout 
           "redis": "embedded Redis"}
 
 
+def _kill_group(pgid: int, deadline: float) -> None:
+    """Waits until process group `pgid` is empty or `deadline` (time.monotonic()) passed, then SIGKILLs
+    what is left of it and waits for that (at most 10 s). The group of a launched process outlives its
+    leader while a child it started lives on (a SIGKILLed vLLM server's engine process)."""
+
+    def alive() -> bool:
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not alive():
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + 10.0
+    while alive() and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 class LocalLauncher:
     """Starts services as local processes and stops them all on exit. A context manager.
 
@@ -464,11 +489,13 @@ class LocalLauncher:
             except psutil.Error:
                 pass
         sig = signal.SIGTERM if grace > 0 else signal.SIGKILL
-        if spec.proc is not None and spec.proc.poll() is None:
+        if spec.proc is not None:
+            # the whole group, also when its leader is already dead: a SIGKILLed vLLM server leaves its
+            # engine process running in the group (2-3 GiB each, found by benchmarks/faults.py)
             for s in (sig, signal.SIGCONT):
                 try:
                     os.killpg(spec.proc.pid, s)
-                except ProcessLookupError:
+                except (ProcessLookupError, PermissionError):
                     pass
         for proc in procs:  # ranks run in a session of their own: the group's signal missed them
             try:
@@ -488,6 +515,7 @@ class LocalLauncher:
                 except ProcessLookupError:
                     pass
                 spec.proc.wait()
+            _kill_group(spec.proc.pid, deadline)  # what outlived its leader
         _, alive = psutil.wait_procs(procs, timeout=max(0.1, deadline - time.monotonic()))
         for proc in alive:
             try:

@@ -222,6 +222,41 @@ def test_dead_service_with_restarts_left_is_restarted(tmp_path):
             launcher.recover()
 
 
+def test_a_restart_kills_what_the_dead_leader_left_in_its_group(tmp_path):
+    """A SIGKILLed vLLM server leaves its engine process running in its process group (found by
+    benchmarks/faults.py: 2.6 GiB per killed user simulator, still running after the run). The restart
+    SIGKILLs what is left of the old group before starting the process again."""
+    child_file = tmp_path / "child.pid"
+    leader = [sys.executable, "-c", "import subprocess, sys, time; "
+              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+              f"open({str(child_file)!r}, 'w').write(str(c.pid)); time.sleep(300)"]
+    with LocalLauncher(tmp_path) as launcher:
+        (user_sim,) = launcher.start_all([ManagedProcess("user_sim", leader, max_restarts=1, ready_timeout_s=30)])
+        deadline = time.monotonic() + 30
+        while not (child_file.exists() and child_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(child_file.read_text())
+        assert os.getpgid(child) == user_sim.proc.pid  # in the leader's group
+        first = user_sim.proc.pid
+        os.kill(first, signal.SIGKILL)
+        user_sim.proc.wait()
+        os.kill(child, 0)  # the child outlived its leader
+        child_file.unlink()
+        with pytest.raises(ServiceRestarted):
+            launcher.check_alive()
+        launcher.recover()
+        assert user_sim.proc.pid != first and user_sim.proc.poll() is None
+        gone = time.monotonic() + 5
+        while time.monotonic() < gone:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+
+
 def test_restart_backoff_doubles_up_to_its_cap():
     assert [restart_delay_s(n) for n in range(7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
 
