@@ -148,10 +148,12 @@ class UserSimServer:
 
 def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: str = "smollm2",
                       host: str = "127.0.0.1", kv_cache_gib: float = 1.0, max_model_len: int = 8192,
-                      timeout: float = 600.0, log_path: str | Path | None = None) -> subprocess.Popen:
+                      timeout: float = 600.0, log_path: str | Path | None = None,
+                      env: dict[str, str] | None = None) -> subprocess.Popen:
     """Starts vLLM's OpenAI server (what `vllm serve` runs) as a child process and waits until
     GET /v1/models answers. litellm: model "openai/<served_model_name>", api_base
-    http://HOST:PORT/v1.
+    http://HOST:PORT/v1. `env`: variables set for the server on top of this process's
+    (e.g. the launcher's ``VLLM_CPU_OMP_THREADS_BIND``, the core its OpenMP threads use).
 
     Raises:
         RuntimeError: the server exited or did not answer within `timeout` seconds.
@@ -161,7 +163,8 @@ def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: st
            "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(int(kv_cache_gib * (1 << 30))),
            "--enforce-eager", "--disable-log-stats"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ), start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                            start_new_session=True)
     url = f"http://{host}:{port}/v1/models"
 
     def answers() -> bool:
