@@ -142,6 +142,11 @@ class TaskConfig(StrictModel):
     reward_address: Optional[str] = None
     """reward: service only: the RewardService ("host:port", anyone's reward.v1) that scores `env`
     instead of the experiment's reward service."""
+    @field_validator("reward_address")
+    @classmethod
+    def _reward_address(cls, v: Optional[str]) -> Optional[str]:
+        return _check_address(v)
+
     text_ends_episode: bool = False
     """A reply with text and no tool call ends the episode (sent with StepRequest.stop), for envs
     with no user to talk to (examples/bookshop ends an episode only on stop). False: the text
@@ -247,6 +252,33 @@ class ModelsConfig(StrictModel):
     be in the HF cache, else training stops at once saying so."""
 
 
+#: gRPC target schemes passed through as written (grpc's naming: unix sockets, explicit resolvers).
+GRPC_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")
+
+
+def address_problem(address: str) -> str | None:
+    """What is wrong with a service address, or None: "host:port" with a port in 1–65535 (an
+    IPv6 host in brackets, "[::1]:50051"), or a gRPC target with a scheme (`GRPC_SCHEMES`)."""
+    if address.startswith(GRPC_SCHEMES):
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"{address[:200]!r} is not host:port with a port in 1–65535"
+    if any(c.isspace() for c in host):
+        return f"{address[:200]!r} is not host:port: the host has white space"
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        return f"{address[:200]!r} is not host:port (an IPv6 host goes in brackets: [::1]:50051)"
+    return None
+
+
+def _check_address(value: Optional[str]) -> Optional[str]:
+    if value is not None:
+        problem = address_problem(value)
+        if problem:
+            raise ValueError(problem)
+    return value
+
+
 class ServicesConfig(StrictModel):
     """Addresses of services that already run. All empty: launch everything locally. Only
     env_address: an env server that already runs (e.g. one plugged in over gRPC, examples/), the
@@ -257,6 +289,11 @@ class ServicesConfig(StrictModel):
     rollout_address: Optional[str] = None
     learner_address: Optional[str] = None
     redis_url: Optional[str] = None
+
+    @field_validator("env_address", "reward_address", "rollout_address", "learner_address")
+    @classmethod
+    def _addresses(cls, v: Optional[str]) -> Optional[str]:
+        return _check_address(v)
 
     def external(self) -> bool:
         """Every service runs already: connect, launch nothing."""

@@ -420,3 +420,26 @@ def test_a_config_of_nested_aliases_is_refused_in_a_second_not_expanded(tmp_path
     few = tmp_path / "few.yaml"  # aliases as configs use them: fine
     few.write_text("rollout: &r {max_turns: 3}\nvalidation: {trials: 2}\nenv_service:\n  user_llm_extra_args: {a: *r, b: *r}\n")
     assert _cli("config", "show", "-c", str(few)).exit_code == 0
+
+
+@pytest.mark.parametrize("address, problem", [
+    ("not an address", "is not host:port with a port in 1–65535"), ("127.0.0.1:99999", "with a port in 1–65535"),
+    (":5", "with a port in 1–65535"), ("x y:5", "the host has white space"), ("::1:50051", "an IPv6 host goes in brackets"),
+])
+def test_a_malformed_service_address_is_refused_at_load(address, problem):
+    """Found by a bad-input pass: `services.*_address: "not an address"` loaded, and train then sat
+    without a word until killed; the CLI's own --address flags were already checked."""
+    sets = [f"services.{k}_address=127.0.0.1:{i + 1}" for i, k in enumerate(("env", "reward", "rollout", "learner"))]
+    sets += ["task.generate=null", "warm_start.enabled=false", f"services.rollout_address={json.dumps(address)}"]
+    _one_line(_cli("config", "show", "-c", str(DEMO), *[a for s in sets for a in ("--set", s)]), 2,
+              f"services.rollout_address: Value error, {address!r} is not host:port", problem)
+    _one_line(_cli("config", "show", "-c", str(DEMO), "--set", f"task.reward_address={json.dumps(address)}"), 2,
+              "task.reward_address: Value error")
+
+
+@pytest.mark.parametrize("address", ["sf-env:50051", "127.0.0.1:1", "[::1]:50051", "unix:/tmp/env.sock", "dns:///env:50051"])
+def test_service_addresses_in_use_load(address):
+    sets = [f"services.{k}_address=127.0.0.1:{i + 1}" for i, k in enumerate(("env", "reward", "rollout", "learner"))]
+    sets += ["task.generate=null", "warm_start.enabled=false", f"services.env_address={json.dumps(address)}"]
+    result = _cli("config", "show", "-c", str(DEMO), *[a for s in sets for a in ("--set", s)])
+    assert result.exit_code == 0, result.output
