@@ -20,20 +20,16 @@ max_tokens, seed, n=1; tools are ignored (retail's user has none); no streaming.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
-import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from rollout_service.engine import Engine, Sampling
+from sinkflex.chat_endpoint import ChatEndpoint, ChatReply
 from sinkflex.retry import poll_until
 
 log = logging.getLogger(__name__)
@@ -64,55 +60,19 @@ class UserSimServer:
         self.requests = 0
         self.completion_tokens = 0
         self.history: list[tuple[list[int], int]] = []  # (prompt ids, generated count) of each request
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, fmt, *args):  # quiet
-                log.debug("user-sim: " + fmt, *args)
-
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": server.model_name, "object": "model", "owned_by": "sinkflex"}]})
-                elif self.path.rstrip("/") in ("/health", "/v1/health"):
-                    self._send(200, {"status": "ok"})
-                else:
-                    self._send(404, {"error": {"message": f"no route {self.path}"}})
-
-            def do_POST(self):
-                if not self.path.rstrip("/").endswith("/chat/completions"):
-                    self._send(404, {"error": {"message": f"no route {self.path}"}})
-                    return
-                try:
-                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                    self._send(200, server.complete(body))
-                except (ValueError, KeyError, TypeError) as err:
-                    self._send(400, {"error": {"message": f"bad request: {err}", "type": "invalid_request_error"}})
-                except Exception as err:  # noqa: BLE001 - report engine failures as 500, keep serving
-                    log.exception("user-sim completion failed")
-                    self._send(500, {"error": {"message": str(err), "type": "server_error"}})
-
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
-        self.host, self.port = host, self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="user-sim-http", daemon=True)
-        self._thread.start()
+        self._endpoint = ChatEndpoint(self._reply, model_name, host=host, port=port, name="user-sim-http")
+        self.host, self.port = self._endpoint.host, self._endpoint.port
         log.info("user simulator endpoint on %s (model %s)", self.base_url, model_name)
 
     @property
     def base_url(self) -> str:
         """The litellm `api_base`: http://HOST:PORT/v1."""
-        return f"http://{self.host}:{self.port}/v1"
+        return self._endpoint.base_url
 
-    def complete(self, body: dict) -> dict:
-        """One OpenAI chat completion (non-streaming) on the engine.
+    def _reply(self, body: dict) -> ChatReply:
+        """One OpenAI chat-completions request body answered by the engine (the endpoint's `reply`):
+        the messages rendered by the tokenizer's chat template, sampled with the request's
+        temperature, top_p, seed and max_tokens (capped at `max_tokens`).
 
         Raises:
             ValueError: no messages.
@@ -131,19 +91,12 @@ class UserSimServer:
         self.requests += 1
         self.completion_tokens += len(gen.token_ids)
         self.history.append((ids, len(gen.token_ids)))
-        text = self.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", self.model_name),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "length" if gen.truncated else "stop"}],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(gen.token_ids),
-                      "total_tokens": len(ids) + len(gen.token_ids)},
-        }
+        return ChatReply(text=self.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True),
+                         finish_reason="length" if gen.truncated else "stop",
+                         prompt_tokens=len(ids), completion_tokens=len(gen.token_ids))
 
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._endpoint.close()
 
 
 def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: str = "smollm2",

@@ -36,17 +36,13 @@ with the golden user lines. Ids are `dual_<family>_<nnnn>`; held-out content as 
 
 from __future__ import annotations
 
-import json
 import random
 import re
-import threading
-import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 
+from sinkflex.chat_endpoint import ChatEndpoint, ChatReply
 from tau2_adapter.generate import _POOLS, STATUSES, _title
 from tau2_adapter.tasks import TaskSet
 
@@ -421,45 +417,19 @@ class ScriptedUserServer:
     def __init__(self, tasks, host: str = "127.0.0.1", port: int = 0):
         self.turns = {str(t.user_scenario).strip(): golden_user_turns(t) for t in tasks}
         self.requests = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, fmt, *args):
-                pass
-
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": "scripted-user", "object": "model"}]})
-
-            def do_POST(self):
-                try:
-                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                    text = server.reply(body.get("messages") or [])
-                except (ValueError, KeyError, TypeError) as err:
-                    self._send(400, {"error": {"message": str(err)[:500], "type": "invalid_request_error"}})
-                    return
-                server.requests += 1
-                self._send(200, {
-                    "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                    "model": body.get("model", "scripted-user"),
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}})
-
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
-        self.host, self.port = host, self._httpd.server_address[1]
-        threading.Thread(target=self._httpd.serve_forever, name="scripted-user", daemon=True).start()
+        self._endpoint = ChatEndpoint(self._answer, "scripted-user", host=host, port=port, name="scripted-user")
+        self.host, self.port = self._endpoint.host, self._endpoint.port
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        """The litellm `api_base`: http://HOST:PORT/v1."""
+        return self._endpoint.base_url
+
+    def _answer(self, body: dict) -> ChatReply:
+        """The endpoint's `reply`: `reply` on the request's messages. Raises KeyError (HTTP 400)."""
+        text = self.reply(body.get("messages") or [])
+        self.requests += 1
+        return ChatReply(text=text)
 
     def reply(self, messages: list[dict]) -> str:
         """The golden user line for a user-simulator request. Raises KeyError for an unknown scenario."""
@@ -472,5 +442,5 @@ class ScriptedUserServer:
         return turns[k] if k < len(turns) else STOP
 
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        """Stops serving and frees the port."""
+        self._endpoint.close()
