@@ -363,6 +363,50 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
     log.info("warm start: %d demonstrations written to %s (%d dropped below reward 1.0)", n, out, len(demos.dropped))
 
 
+#: How long `wait_for_running_services` waits for services that run elsewhere to be SERVING at the
+#: start (a compose stack's engine may still be loading): what a run waits for a peer that restarts.
+RUNNING_SERVICES_WAIT_S = 1800.0
+
+
+def wait_for_running_services(cfg: TrainConfig, timeout_s: float = RUNNING_SERVICES_WAIT_S, note_every_s: float = 60.0) -> None:
+    """Waits until each service the run connects to rather than launches (services.*_address: all
+    of them, or only the env) answers its gRPC health check SERVING, saying which one it waits for
+    (at once, then every `note_every_s` seconds).
+
+    Raises:
+        ConfigError: one is not SERVING within `timeout_s` seconds, naming its field, its address and
+            its last answer (a wrong host or port used to make the run wait without a word).
+    """
+    import time
+
+    from sinkflex.serving import make_channel, wait_for_serving
+    from sinkflex_rl.launcher import HEALTH
+
+    s = cfg.services
+    names = ["env", "reward", "rollout", "learner"] if s.external() else ["env"] if s.env_only() else []
+    deadline = time.monotonic() + timeout_s
+    for name in names:
+        field, address = f"services.{name}_address", getattr(s, f"{name}_address")
+        channel = make_channel(address)
+        try:
+            waited = False
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    wait_for_serving(channel, HEALTH[name].partition(":")[2], timeout=max(0.5, min(note_every_s, left)))
+                    break
+                except TimeoutError as err:
+                    if time.monotonic() >= deadline:
+                        raise ConfigError(f"{field}: nothing SERVING the {name} service at {address} within "
+                                          f"{timeout_s:g} s ({str(err)[:300]}); is it running, on that host and port?") from None
+                    log.warning("waiting for the %s service at %s (%s) to be SERVING: %s", name, address, field, str(err)[:200])
+                    waited = True
+            if waited:
+                log.info("the %s service at %s is SERVING", name, address)
+        finally:
+            channel.close()
+
+
 def external_addresses(cfg: TrainConfig) -> Addresses:
     """The addresses of services that run already (services.*, all set: `ServicesConfig.external`);
     `sinkflex_rl.clients.connect` makes the clients."""

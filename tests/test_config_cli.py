@@ -443,3 +443,27 @@ def test_service_addresses_in_use_load(address):
     sets += ["task.generate=null", "warm_start.enabled=false", f"services.env_address={json.dumps(address)}"]
     result = _cli("config", "show", "-c", str(DEMO), *[a for s in sets for a in ("--set", s)])
     assert result.exit_code == 0, result.output
+
+
+def test_services_that_run_elsewhere_are_waited_for_aloud_and_named_when_absent(tmp_path, caplog, env_server):
+    """Found by a bad-input pass: `train` with services.*_address pointing where nothing listens
+    printed nothing at all (not even with -v) while it waited, for up to half an hour, then failed
+    deep in the controller. Now it says which service it waits for, and names the field and
+    address when the wait ends; a service that answers is not waited for."""
+    import socket
+
+    from sinkflex_rl.local import wait_for_running_services
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nothing = f"127.0.0.1:{s.getsockname()[1]}"
+    sets = ["task.generate=null", "warm_start.enabled=false", f"services.env_address={nothing}",
+            "services.reward_address=127.0.0.1:2", "services.rollout_address=127.0.0.1:3", "services.learner_address=127.0.0.1:4"]
+    cfg = load_train_config(DEMO, sets)
+    with caplog.at_level("WARNING"), pytest.raises(ConfigError) as err:
+        wait_for_running_services(cfg, timeout_s=1.5, note_every_s=0.5)
+    assert f"services.env_address: nothing SERVING the env service at {nothing} within 1.5 s" in str(err.value)
+    assert f"waiting for the env service at {nothing} (services.env_address) to be SERVING" in caplog.text
+    only_env = load_train_config(DEMO, ["task.generate=null", f"services.env_address={env_server}", "env_service=null"])
+    assert only_env.services.env_only()
+    wait_for_running_services(only_env, timeout_s=30)  # the real env server answers at once

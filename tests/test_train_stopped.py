@@ -60,6 +60,9 @@ def test_a_resumed_run_that_finishes_sets_the_stop_aside(tmp_path, monkeypatch):
     from sinkflex_rl.launcher import ServiceDied
 
     monkeypatch.setattr(sinkflex_rl.clients, "connect", lambda addresses, reward=None: None)
+    import sinkflex_rl.local
+
+    monkeypatch.setattr(sinkflex_rl.local, "wait_for_running_services", lambda cfg: None)  # none runs: nothing to wait for
     monkeypatch.setattr(sinkflex_rl.controller, "Controller", _fake_controller([ServiceDied(DIED), 3]))
     run_dir = tmp_path / "run"
     args = ["train", "-c", str(ROOT / "configs" / "demo.yaml"), "--output-dir", str(run_dir)]

@@ -127,7 +127,7 @@ def evaluate(
     from sinkflex_rl.clients import connect
     from sinkflex_rl.config import load_train_config
     from sinkflex_rl.launcher import LocalLauncher, ServiceDied
-    from sinkflex_rl.local import external_addresses, launch_local
+    from sinkflex_rl.local import external_addresses, launch_local, wait_for_running_services
 
     console, errors = Console(), Console(stderr=True)
 
@@ -174,6 +174,7 @@ def evaluate(
     t0 = time.time()
     with LocalLauncher(out) as launcher:
         try:
+            wait_for_running_services(cfg)  # services.*_address: said while waiting, named when nothing answers
             addresses = external_addresses(cfg) if cfg.services.external() else launch_local(cfg, launcher, learner=False)
         except ConfigError as err:  # models.policy is what --policy set, task.eval_split what --split set
             said = str(err)

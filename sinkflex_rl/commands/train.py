@@ -65,7 +65,7 @@ def train(
         peers_serving,
         run_recovering,
     )
-    from sinkflex_rl.local import external_addresses, launch_local
+    from sinkflex_rl.local import external_addresses, launch_local, wait_for_running_services
 
     console = Console()
     errors = Console(stderr=True)
@@ -105,6 +105,7 @@ def train(
         raise typer.Exit(1) from None
     with LocalLauncher(run_dir) as launcher:
         try:
+            wait_for_running_services(cfg)  # services.*_address: said while waiting, named when nothing answers
             addresses = external_addresses(cfg) if cfg.services.external() else launch_local(cfg, launcher)
         except BaseException as err:
             for tracker in trackers:
