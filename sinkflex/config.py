@@ -248,7 +248,10 @@ def _check_expansion(data: Any, limit: int = MAX_YAML_VALUES) -> None:
 def load_yaml(text: str):
     """`yaml.safe_load(text)`, with duplicate mapping keys an error and a document that expands to
     more than `MAX_YAML_VALUES` values through aliases an error (`yaml.YAMLError` both)."""
-    data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except ValueError as err:  # a scalar PyYAML cannot convert: an integer of more than 4300 digits
+        raise yaml.YAMLError(f"a value cannot be read: {str(err)[:300]}") from None
     _check_expansion(data)
     return data
 

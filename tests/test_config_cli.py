@@ -467,3 +467,15 @@ def test_services_that_run_elsewhere_are_waited_for_aloud_and_named_when_absent(
     only_env = load_train_config(DEMO, ["task.generate=null", f"services.env_address={env_server}", "env_service=null"])
     assert only_env.services.env_only()
     wait_for_running_services(only_env, timeout_s=30)  # the real env server answers at once
+
+
+def test_an_integer_of_more_than_4300_digits_is_a_yaml_error_not_a_traceback(tmp_path):
+    """Found by a bad-input pass: `--set rollout.group_size=<5000 nines>` (or the same in the file)
+    was a traceback: PyYAML's int conversion raised Python's 4300-digit ValueError."""
+    huge = "9" * 5000
+    out = _one_line(_cli("config", "show", "-c", str(DEMO), "--set", f"rollout.group_size={huge}"), 2,
+                    "the value is not valid YAML: a value cannot be read: Exceeds the limit (4300 digits)")
+    assert len(out) < 1500
+    cfg = tmp_path / "x.yaml"
+    cfg.write_text(f"rollout:\n  group_size: {huge}\n")
+    _one_line(_cli("config", "show", "-c", str(cfg)), 2, f"config {cfg} is not valid YAML: a value cannot be read")
