@@ -1,4 +1,4 @@
-"""`python scripts/redis_acl.py DIR [--stream S] [--redis-major N]`: Redis users per role for the trajectory buffer.
+"""`python scripts/redis_acl.py DIR [--stream S] [--redis-major N] [--redis-minor M]`: Redis users per role for the trajectory buffer.
 
 Writes, with random passwords (32 characters, `secrets`), DIR/admin-password,
 DIR/producer-password, DIR/consumer-password, DIR/reader-password (mode 0644: the containers'
@@ -10,6 +10,9 @@ existing password file is kept, so re-running rewrites users.acl without changin
 Run Redis with `--aclfile DIR/users.acl` (no `--requirepass`: no password on a command line)
 and give each process its user: REDIS_USERNAME=<role>, REDIS_PASSWORD_FILE=<its password file>,
 REDIS_URL=redis://host:6379/0. The Helm chart makes the same from its Secret.
+--redis-major / --redis-minor: the server's version (default 7.4, compose's redis:7.4-alpine);
+`--redis-minor 0` for Debian 12's redis-server 7.0 (scripts/build_images.sh's Redis image),
+which refuses an ACL naming CLIENT SETINFO (sinkflex.buffer.acl.has_client_setinfo).
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ def _password(path: Path) -> str:
     return value
 
 
-def write_acl(folder: Path, stream: str = "sinkflex:groups", redis_major: int = 7) -> dict[str, str]:
+def write_acl(folder: Path, stream: str = "sinkflex:groups", redis_major: int = 7, redis_minor: int = 4) -> dict[str, str]:
     """Writes the password files and users.acl into `folder`; returns role -> password (admin included)."""
     folder.mkdir(parents=True, exist_ok=True)
     passwords = {role: _password(folder / f"{role}-password") for role in ("admin", *ROLES)}
-    text = acl_file({r: passwords[r] for r in ROLES}, stream, admin_password=passwords["admin"], redis_major=redis_major)
+    text = acl_file({r: passwords[r] for r in ROLES}, stream, admin_password=passwords["admin"], redis_major=redis_major,
+                    redis_minor=redis_minor)
     (folder / "users.acl").write_text(text)
     os.chmod(folder / "users.acl", 0o644)
     return passwords
@@ -52,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--stream", default="sinkflex:groups", help="the buffer's stream (learner.buffer.stream)")
     parser.add_argument("--redis-major", type=int, default=7, help="the Redis server's major version (7: ACL selectors)")
+    parser.add_argument("--redis-minor", type=int, default=4,
+                        help="the Redis server's minor version (7.0 and 7.1 have no CLIENT SETINFO)")
     args = parser.parse_args(argv)
-    write_acl(args.folder, args.stream, args.redis_major)
+    write_acl(args.folder, args.stream, args.redis_major, args.redis_minor)
     print(f"wrote {args.folder}/users.acl and " + ", ".join(f"{r}-password" for r in ("admin", *ROLES)))
     return 0
 

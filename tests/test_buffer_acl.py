@@ -79,6 +79,10 @@ def test_acl_file_holds_hashes_and_confines_the_consumers_xadd_on_redis_7():
     assert "+xadd" in acl_rules("consumer", "s", 6)
     assert "+xreadgroup" not in acl_rules("producer", "s") and "+xadd" in acl_rules("producer", "s")
     assert acl_file({}, "s").startswith("user default off")
+    # CLIENT SETINFO: from Redis 7.2; 7.0 (Debian 12's) refuses an ACL naming it, 6.x does not check
+    assert "+client|setinfo" in acl_rules("reader", "s", 7, 4) and "+client|setinfo" in acl_rules("reader", "s", 6, 2)
+    assert "+client|setinfo" not in acl_rules("reader", "s", 7, 0)
+    assert "+client|setinfo" not in acl_file({"producer": "p"}, "s", redis_major=7, redis_minor=0)
 
 
 def test_an_acl_file_from_the_script_runs_a_server_whose_users_work(tmp_path):

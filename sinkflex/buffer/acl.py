@@ -34,18 +34,28 @@ _CONSUMER = ["+xreadgroup", "+xautoclaim", "+xclaim", "+xpending", "+xrange", "+
              "+zremrangebyscore", "+zremrangebyrank", "+del", "+xgroup|create"]
 
 
-def acl_rules(role: str, stream: str = "sinkflex:groups", redis_major: int = 7) -> list[str]:
+def has_client_setinfo(redis_major: int, redis_minor: int) -> bool:
+    """Whether an ACL may name CLIENT SETINFO (redis-py sends it on connect and ignores its
+    error): the command exists from Redis 7.2; 7.0 and 7.1 refuse an ACL naming it ("Unknown
+    command or category name in ACL": Debian 12's redis-server is 7.0); 6.x does not check
+    subcommand names."""
+    return not (redis_major == 7 and redis_minor < 2)
+
+
+def acl_rules(role: str, stream: str = "sinkflex:groups", redis_major: int = 7, redis_minor: int = 4) -> list[str]:
     """The ACL SETUSER rules (without password) of `role` on the buffer `stream`.
 
     `redis_major` >= 7: the consumer's XADD is confined to the dead-letter stream with a
-    selector; on 6.2 (the embedded server) XADD is allowed on the buffer's keys.
+    selector; on 6.2 (the embedded server) XADD is allowed on the buffer's keys. CLIENT
+    SETINFO is allowed where the server knows it (`has_client_setinfo`).
 
     Raises:
         ValueError: an unknown role.
     """
     if role not in ROLES:
         raise ValueError(f"unknown buffer role {role!r}; one of {', '.join(ROLES)}")
-    rules = ["reset", "on", f"~{stream}", f"~{stream}:*", "resetchannels", "-@all", *_COMMON]
+    common = _COMMON if has_client_setinfo(redis_major, redis_minor) else [r for r in _COMMON if r != "+client|setinfo"]
+    rules = ["reset", "on", f"~{stream}", f"~{stream}:*", "resetchannels", "-@all", *common]
     if role == "producer":
         rules += [*_SCRIPTS, *_PRODUCER]
     elif role == "consumer":
@@ -60,7 +70,7 @@ def password_hash(password: str) -> str:
 
 
 def acl_file(passwords: Mapping[str, str], stream: str = "sinkflex:groups", admin_password: str | None = None,
-             redis_major: int = 7) -> str:
+             redis_major: int = 7, redis_minor: int = 4) -> str:
     """An ACL file: one line per role in `passwords` (role -> password, stored hashed), and the
     ``default`` user: all rights with `admin_password` (hashed), or off when None."""
     lines = []
@@ -69,7 +79,7 @@ def acl_file(passwords: Mapping[str, str], stream: str = "sinkflex:groups", admi
     else:
         lines.append(f"user default on {password_hash(admin_password)} ~* &* +@all")
     for role, password in passwords.items():
-        rules = [r for r in acl_rules(role, stream, redis_major) if r != "reset"]
+        rules = [r for r in acl_rules(role, stream, redis_major, redis_minor) if r != "reset"]
         lines.append(f"user {role} {' '.join(rules)} {password_hash(password)}")
     return "\n".join(lines) + "\n"
 
@@ -77,6 +87,6 @@ def acl_file(passwords: Mapping[str, str], stream: str = "sinkflex:groups", admi
 def apply_acl(admin_client, passwords: Mapping[str, str], stream: str = "sinkflex:groups") -> None:
     """Creates (or resets) the role users on a running server through `admin_client` (a
     `redis.Redis` with ACL rights)."""
-    major = int(str(admin_client.info("server")["redis_version"]).split(".")[0])
+    major, minor = (int(x) for x in str(admin_client.info("server")["redis_version"]).split(".")[:2])
     for role, password in passwords.items():
-        admin_client.execute_command("ACL", "SETUSER", role, *acl_rules(role, stream, major), f">{password}")
+        admin_client.execute_command("ACL", "SETUSER", role, *acl_rules(role, stream, major, minor), f">{password}")
