@@ -63,6 +63,8 @@ def _read_json(path: Path):
         raise ValueError(f"{path}: not valid JSON: {err}") from None
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text (JSON is UTF-8): {err}") from None
+    except ValueError as err:  # a number Python will not convert (more than 4300 digits)
+        raise ValueError(f"{path}: a value cannot be read: {str(err)[:300]}") from None
     except OSError as err:
         raise ValueError(f"{path}: cannot read: {err}") from None
 

@@ -157,3 +157,7 @@ def test_a_task_file_that_is_not_utf8_is_named(tmp_path):
     result = CliRunner().invoke(app, ["tasks", "check", str(tmp_path), "--env", "mock"])
     assert result.exit_code == 2, result.output
     assert f"{tmp_path / 'tasks.json'}: not UTF-8 text" in result.output and "Traceback" not in result.output
+
+    (tmp_path / "tasks.json").write_text('[{"id": ' + "9" * 5000 + "}]")  # Python's 4300-digit limit
+    result = CliRunner().invoke(app, ["tasks", "check", str(tmp_path), "--env", "mock"])
+    assert result.exit_code == 2 and f"{tmp_path / 'tasks.json'}: a value cannot be read" in result.output, result.output
