@@ -326,9 +326,12 @@ def test_a_seed_the_engine_cannot_take_is_refused_at_load(seed):
 def test_a_policy_that_is_not_there_stops_eval_and_train_before_the_embedded_redis_starts(tmp_path):
     """Found by a bad-input pass: `eval --policy /no/such -c …` started the embedded Redis before it
     looked for the model, and named the field models.policy, which the user never wrote."""
-    out = _one_line(_cli("eval", "--policy", str(tmp_path / "no-such"), "-c", str(DEMO), "-o", str(tmp_path / "e")), 2,
-                    f"--policy: model '{tmp_path / 'no-such'}' is neither a folder")
+    out = _one_line(_cli("eval", "--policy", "no such model!", "-c", str(DEMO), "-o", str(tmp_path / "e")), 2,
+                    "--policy: model 'no such model!' is neither a folder")
     assert "models.policy" not in out and not (tmp_path / "e" / "redis").exists()
+    for policy, said in ((str(tmp_path / "no-such"), f"--policy: no such folder: {tmp_path / 'no-such'}"),
+                         ("", "--policy: empty")):  # a path that is not there; "" (was the current folder)
+        _one_line(_cli("eval", "--policy", policy), 2, said)
     _one_line(_cli("train", "-c", str(DEMO), "--output-dir", str(tmp_path / "t"), "--set", f"models.policy={tmp_path / 'no-such'}"),
               2, "models.policy: model")
     assert not (tmp_path / "t" / "redis").exists()

@@ -32,7 +32,11 @@ def resolve_policy(policy: str) -> tuple[str, Path | None]:
     """
     from sinkflex.models import check_model_folder
 
+    if not policy.strip():
+        raise ValueError("empty: give a policy folder, a run folder or a model name")
     path = Path(policy).expanduser()
+    if not path.exists() and policy.startswith(("/", "./", "../", "~", ".\\")):  # a path, never a model name
+        raise ValueError(f"no such folder: {policy}")
     if (path / "learner" / "policy").is_dir():
         versions = [p for p in (path / "learner" / "policy").iterdir() if p.is_dir() and re.fullmatch(r"v\d+", p.name)]
         if not versions:
