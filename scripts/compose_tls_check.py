@@ -76,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="sfcheck-"))
     write_certs(work / "tls", NAMES, days=1)
-    passwords = write_acl(work / "redis-auth")
+    redis_image = os.environ.get("REDIS_IMAGE", "localhost/sinkflex/redis:7-bookworm")
+    # Debian 12's redis-server (scripts/build_images.sh's image) is 7.0: no CLIENT SETINFO in its ACL rules
+    passwords = write_acl(work / "redis-auth", redis_minor=0 if redis_image.endswith(":7-bookworm") else 4)
     env = {**os.environ, "SINKFLEX_TLS_DIR": str(work / "tls"), "SINKFLEX_REDIS_AUTH_DIR": str(work / "redis-auth"),
-           "REDIS_IMAGE": os.environ.get("REDIS_IMAGE", "localhost/sinkflex/redis:7-bookworm")}
+           "REDIS_IMAGE": redis_image}
     pc = [a.compose, "-p", PROJECT, "-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "docker-compose.tls.yml"),
           "--profile", "cpu"]
     checks: list[dict] = []
