@@ -508,8 +508,10 @@ learner's ranks, the embedded Redis) whenever it waits, and after a failed call.
 or has been stopped for over 30 s, abandons the current step: the controller's clients are
 closed (the Rollout stream is cancelled; groups the service had published already stay in the
 stream and are trained, or dropped as stale and counted), and the launcher restarts the process
-as Kubernetes restarts a pod: same command and port, a frozen one SIGKILLed first, a dead engine
-or rank restarting its service, the embedded Redis on the same database file and socket; each
+as Kubernetes restarts a pod: same command and port, a frozen one SIGKILLed first, what a dead one
+left in its process group killed (a SIGKILLed vLLM server's engine process: before 5f6ba92 each
+killed user simulator left 2.6 GiB running past the end of the run), a dead engine or rank
+restarting its service, the embedded Redis on the same database file and socket; each
 after a backoff of 1, 2, 4, ... s (at most 30 s), at most `local.max_restarts` times per process
 and run (default 3; `local.restart_services` lists what is restarted, default every process).
 The driver then goes on from the learner's policy version: the engine is brought to that
