@@ -79,18 +79,24 @@ class GrpcRewardClient:
         self.close()
 
 
+#: Most items of one ScoreBatch of `unknown_tasks` (at or below every server's default cap).
+CHECK_BATCH_ITEMS = 128
+
+
 def unknown_tasks(client: RewardClient, env: str, task_ids: Sequence[str], solo_mode: bool = False) -> list[tuple[str, str]]:
     """The (task id, reason) pairs of `task_ids` that the reward service behind `client` does not
     know (NOT_FOUND: unknown env or task), found by one ScoreBatch of empty episodes cut at
-    MAX_TURNS (cheap for τ²-Bench's checker: no evaluation runs). Any reward.v1 service answers
+    MAX_TURNS (cheap for τ²-Bench's checker: no evaluation runs), in batches of at most
+    CHECK_BATCH_ITEMS (a server refuses a ScoreBatch above its reward_service.max_batch_items,
+    256 by default: the demo checks its 256 train + 64 test tasks). Any reward.v1 service answers
     NOT_FOUND for an env or task it does not know; other per-item errors are not reported here.
 
     Raises:
-        ServiceError: the batch call itself failed (e.g. UNAVAILABLE: nothing answers).
+        ServiceError: a batch call itself failed (e.g. UNAVAILABLE: nothing answers).
     """
     reqs = [reward_pb2.ScoreRequest(env=env, task_id=t, termination_reason=common_pb2.TERMINATION_REASON_MAX_TURNS,
                                     solo_mode=solo_mode) for t in task_ids]
-    items = client.score_batch(reqs) if reqs else []
+    items = [item for i in range(0, len(reqs), CHECK_BATCH_ITEMS) for item in client.score_batch(reqs[i:i + CHECK_BATCH_ITEMS])]
     return [(t, item.error) for t, item in zip(task_ids, items) if item.error_code == grpc.StatusCode.NOT_FOUND.value[0]]
 
 

@@ -108,3 +108,25 @@ def test_score_batch_above_its_cap_is_refused_naming_it():
             assert len(ok.items) == 1 and ok.items[0].error
     finally:
         server.stop()
+
+
+def test_the_drivers_reward_check_splits_its_tasks_under_the_servers_cap(monkeypatch):
+    """`unknown_tasks` (the driver's check before training: the demo's 256 train + 64 test tasks)
+    sends batches of at most CHECK_BATCH_ITEMS; with a server cap below the task count it still
+    answers, naming every unknown task (a single batch of 320 was refused: INVALID_ARGUMENT)."""
+    import reward_service.client as reward_client
+    from reward_service.client import GrpcRewardClient, unknown_tasks
+
+    server, _ = build_reward(RewardServiceConfig(port=0, metrics_port=None, preload_envs=["mock"], grace_seconds=0.0,
+                                                 max_batch_items=3))
+    assert reward_client.CHECK_BATCH_ITEMS <= RewardServiceConfig().max_batch_items  # the shipped sizes fit
+    server.start()
+    server.set_serving()
+    monkeypatch.setattr(reward_client, "CHECK_BATCH_ITEMS", 3)
+    try:
+        with GrpcRewardClient(f"127.0.0.1:{server.port}") as client:
+            ids = ["create_task_1", "nope_1", "update_task_1", "nope_2", "impossible_task_1", "nope_3", "nope_4"]
+            unknown = unknown_tasks(client, "mock", ids, solo_mode=True)
+            assert [t for t, _ in unknown] == ["nope_1", "nope_2", "nope_3", "nope_4"]
+    finally:
+        server.stop()
