@@ -449,7 +449,20 @@ class Controller:
         self._recover_train_records(start)
         if start < cfg.run.steps:
             self._train_loop(start, pool)
+        elif val_every and cfg.run.steps > 0:
+            self._validate_last_step()
         return self.learner_status().policy_version
+
+    def _validate_last_step(self) -> None:
+        """Every step trained already (a resumed or in-run recovered run): validate the last step
+        unless its validation was written — it is lost when a service dies while it runs (the
+        recovery restarts `run`, which finds nothing left to train)."""
+        steps = self.cfg.run.steps
+        if (validation_dir(self.cfg.run.dir()) / f"step_{steps}.json").is_file():
+            return
+        log.info("validation of step %d not written (interrupted): running it", steps)
+        self.wait_for_engine(self.v0 + steps)
+        self.validate(f"step {steps}", self.v0 + steps)
 
     def _recover_train_records(self, done_steps: int) -> list[int]:
         """Writes the train record of every RL step the learner finished but the driver did not
