@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             ("UpdateWeights as learner for a version never published", "learner", "UpdateWeights",
              rollout_pb2.UpdateWeightsRequest(policy_version=7, location=f"{root}/v7"), {"INVALID_ARGUMENT"}),
             ("Rollout with publish as learner (wrong identity)", "learner", "Rollout",
-             rollout_pb2.RolloutRequest(env="retail", task_ids=["0"], group_size=1, publish=True), {"PERMISSION_DENIED"}),
+             rollout_pb2.RolloutRequest(env="mock", task_ids=["create_task_1"], group_size=1, publish=True), {"PERMISSION_DENIED"}),
         ]
         for name, identity, method, req, codes in cases:
             code, message = call(identity, method, req)
