@@ -235,11 +235,21 @@ class GrpcMetricsInterceptor(grpc.ServerInterceptor):
         return stream
 
 
+DEADLINE_SLACK_S = 0.05
+"""Seconds before its deadline within which a cancelled RPC counts as DEADLINE_EXCEEDED.
+
+The client's own timer cancels the call at its deadline, and that cancellation can reach the
+server before the server's copy of the deadline (sent as `grpc-timeout`) passes: on loopback
+with the cores busy, 6 of 150 such calls ended with 0.6-2.7 ms still remaining."""
+
+
 def _gone_code(context: grpc.ServicerContext) -> grpc.StatusCode:
     """The code of an RPC whose client went away before the servicer finished: DEADLINE_EXCEEDED
-    once its deadline has passed, else CANCELLED."""
+    once its deadline has passed (within DEADLINE_SLACK_S), else CANCELLED."""
     remaining = context.time_remaining()
-    return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
+    if remaining is not None and remaining <= DEADLINE_SLACK_S:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED
 
 
 class TokenRate:
