@@ -118,6 +118,16 @@ def recovered_train_records(driver: list[dict], learner: list[dict], v0: int, do
     return out
 
 
+def user_turn_counts(trajectories) -> dict[str, float]:
+    """User-simulator turns of `trajectories` (common_pb2.Trajectory, metric `user_turns` from
+    `rollout_service.episode.Episode.metrics`): {"user_turns_mean": turns per trajectory,
+    "episodes_without_user_turns": trajectories with none}. In solo mode every episode has none;
+    in dual control each one starts with the user's first message."""
+    turns = [t.metrics.get("user_turns", 0.0) for t in trajectories]
+    return {"user_turns_mean": sum(turns) / len(turns) if turns else math.nan,
+            "episodes_without_user_turns": float(sum(n == 0 for n in turns))}
+
+
 class Controller:
     """Runs the training loop of `cfg` against the services behind `clients`.
 
@@ -383,6 +393,7 @@ class Controller:
                 label, version = f"step {actual - self.v0}", actual
         per_task_rewards, unscored = scored_trials(groups)
         record = {**validation_scores(per_task_rewards, v.trials), "tasks": len(tasks), "trials": v.trials,
+                  **user_turn_counts([t for g in groups for t in g.trajectories]),
                   "unscored": float(sum(unscored.values())), "policy_version": version, "rl_step": version - self.v0}
         m, lo, hi = record["mean_at_1"], record["ci_low"], record["ci_high"]
         if unscored:
@@ -525,6 +536,7 @@ class Controller:
                             for t in g.trajectories:
                                 self.metrics.write("trajectory", step + 1, {
                                     "reward": t.reward, "tokens": len(t.token_ids), "turns": len(t.turns),
+                                    "user_turns": int(t.metrics.get("user_turns", 0.0)),
                                     "policy_version": t.policy_version,
                                     "policy_version_last": max((x.policy_version for x in t.turns), default=t.policy_version),
                                     **({"unscored": t.reward_breakdown.info[:500]} if math.isnan(t.reward) else {})})
@@ -557,7 +569,7 @@ class Controller:
                     m = sum(rewards) / len(rewards) if rewards else math.nan
                     std = (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else math.nan
                     record = {"reward_mean": m, "reward_std": std, "unscored": float(len(trajs) - len(rewards)),
-                              "groups": len(groups), "rollout_s": t_roll,
+                              "groups": len(groups), **user_turn_counts(trajs), "rollout_s": t_roll,
                               "rollout_wait_s": t_wait, "infrastructure_errors": len(failed),
                               "step_s": now - t_prev, "wall_s": now - t_loop, "groups_trained": status.groups_trained,
                               "max_staleness": k,
@@ -715,7 +727,7 @@ def paired_difference(after: dict, before: dict) -> dict[str, float]:
     common = sorted(set(after["per_task"]) & set(before["per_task"]))
     if not common:
         raise ValueError(f"validations {after['after']!r} and {before['after']!r} share no task")
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs)
     m, lo, hi = paired_ci([mean(after["per_task"][t]) for t in common], [mean(before["per_task"][t]) for t in common])
     return {"after": after["after"], "before": before["after"], "difference": m, "ci_low": lo, "ci_high": hi,
             "tasks": len(common)}

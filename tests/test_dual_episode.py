@@ -34,6 +34,7 @@ def test_dual_episode_with_the_user_simulator_endpoint_and_one_rl_step(tmp_path,
     from rollout_service.agent import AgentLoop
     from rollout_service.engine import Sampling
     from rollout_service.formatting import ChatTemplateFormatter
+    from sinkflex_rl.controller import user_turn_counts
     from sinkflex_rl.warm_start import GoldenEngine, dialogue_turns
     from tau2_adapter.generate import write_task_dir
     from tau2_adapter.generate_dual import generate_dual_tasks, golden_dialogue
@@ -89,6 +90,9 @@ def test_dual_episode_with_the_user_simulator_endpoint_and_one_rl_step(tmp_path,
     # every user turn came from the vLLM server (τ²-Bench's simulator writes the opening line too)
     assert requests() - requests_before >= user_turns
     assert golden.metrics["user_turns"] >= 2  # the opening line and the answer to the agent's question
+    # what the driver writes into its "train" and "val" records
+    counts = user_turn_counts([sampled, golden])
+    assert counts == {"user_turns_mean": user_turns / 2, "episodes_without_user_turns": 0.0}
     # the golden trajectory trains on exactly the script's turns, each at its full length
     assert [t for t, m in zip(golden.token_ids, golden.loss_mask) if m == 1] == [t for turn in script for t in turn]
     # the golden script created the task with the scenario's facts: τ²-Bench's DB and ACTION checks
@@ -96,8 +100,8 @@ def test_dual_episode_with_the_user_simulator_endpoint_and_one_rl_step(tmp_path,
     assert sampled.reward == 0.0  # the untrained policy does not ask, then create (a group with signal)
 
     batch = common_pb2.TrajectoryGroup(group_id="dual-0", task_id=task.id, env="mock", trajectories=[golden, sampled])
-    cfg = learner_config(tmp_path / "learner", None, model=dict(path=str(smollm2_dir), arch=None, attn_implementation="sinkflex"),
-                         grpo=dict(old_logprobs="recompute"), optim=dict(lr=1e-5), batch=dict(groups_per_step=1))
+    cfg = learner_config(tmp_path / "learner", None, model={"path": str(smollm2_dir), "arch": None, "attn_implementation": "sinkflex"},
+                         grpo={"old_logprobs": "recompute"}, optim={"lr": 1e-5}, batch={"groups_per_step": 1})
     learner = Learner(cfg, metrics=False)
     w0 = learner.model.model.layers[0].self_attn.q_proj.weight.detach().clone()
     m = learner.train_step([batch])
