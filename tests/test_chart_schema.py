@@ -59,6 +59,8 @@ def test_the_schema_has_exactly_the_keys_of_values_yaml():
     ({"userSim": {"extraArgs": ["--x", 3]}}, "/userSim/extraArgs/1", "got number, want string"),
     ({"serviceMonitor": {"interval": "soon"}}, "/serviceMonitor/interval", "does not match pattern"),
     ({"trainingConfig": ""}, "/trainingConfig", "minLength"),
+    ({"warmStart": {"waitForServicesSeconds": -1}}, "/warmStart/waitForServicesSeconds", "minimum: got -1, want 0"),
+    ({"tasks": {"enable": False}}, "/tasks", "additional properties 'enable' not allowed"),
 ])
 def test_helm_lint_and_render_refuse_bad_values_naming_them(values, where, why):
     from helm_python import HelmValuesError

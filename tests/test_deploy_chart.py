@@ -10,7 +10,12 @@ from __future__ import annotations
 import base64
 import copy
 import inspect
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -20,10 +25,12 @@ from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 from tests.fixtures.deploy import (
     ALL_OPTIONAL_VALUES,
     CHART,
+    DOCKER,
     HEALTH_SERVICES,
     MULTI_GPU_VALUES,
     NAMESPACE,
     PORTS,
+    ROOT,
     by_kind,
     component,
     full,
@@ -622,3 +629,160 @@ def test_learner_has_time_to_checkpoint_on_sigterm(chart_multigpu):
     for name in (full("learner"), full("learner-worker")):
         sts = by_kind(chart_multigpu, "StatefulSet")[name]
         assert pod_spec(sts)["terminationGracePeriodSeconds"] > grace
+
+
+# --------------------------------------------------------------------------- run preparation (compose's one-shot jobs)
+
+#: The experiment settings compose passes its one-shot jobs (x-sinkflex-env), by name.
+_EXPERIMENT_ENV = ("SINKFLEX_CONFIG", "SINKFLEX_CONFIG_OVERRIDES", "SINKFLEX_MAX_STALENESS", "SINKFLEX_TASKS_PER_STEP",
+                   "SINKFLEX_RUN_DIR", "SINKFLEX_POLICY", "SINKFLEX_ENV_ADDRESS", "SINKFLEX_REWARD_ADDRESS")
+_DEMO_VALUES = {"trainingConfig": "configs/demo.yaml", "configOverrides": {"run": {"steps": 7}}, "tasksPerStep": 4,
+                "policyModel": "/models/my-policy"}
+
+
+def _init(workload: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in pod_spec(workload).get("initContainers", [])}
+
+
+def _mounts(container: dict) -> dict[str, dict]:
+    return {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+
+
+def test_env_and_reward_pods_generate_the_tasks_into_their_own_data_first():
+    """compose's `tasks` job (env image, `sinkflex-service tasks`, before env and reward) as the
+    first init container of every env and reward pod, writing into the pod's own emptyDir that
+    the service then mounts read-only at /data; the pods mount no shared claim."""
+    manifests = render_chart(_DEMO_VALUES)
+    for comp in ("env", "reward"):
+        w = workload_of(manifests, comp)
+        spec = pod_spec(w)
+        assert [c["name"] for c in spec["initContainers"]] == ["tasks"], comp
+        tasks = spec["initContainers"][0]
+        (main,) = spec["containers"]
+        assert tasks["command"] == ["sinkflex-service", "tasks"] and "args" not in tasks
+        assert tasks["image"] == "sinkflex/env:0.1.0", comp  # compose's: the env image
+        env, main_env = env_of(tasks), env_of(main)
+        for name in _EXPERIMENT_ENV:  # the settings the service itself derives from
+            assert env[name] == main_env[name], (comp, name)
+        assert env["SINKFLEX_CONFIG"]["value"] == "configs/demo.yaml"
+        assert env["SINKFLEX_CONFIG_OVERRIDES"]["value"] == '{"run":{"steps":7}}'
+        assert env["SINKFLEX_TASKS_PER_STEP"]["value"] == "4"
+        assert env["SINKFLEX_RUN_DIR"]["value"] == "/data/run"
+        assert tasks["resources"] == {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+        assert tasks["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                            "readOnlyRootFilesystem": True}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        written, read = _mounts(tasks)["/data"], _mounts(main)["/data"]
+        assert written == {"name": "data", "mountPath": "/data"}  # writable for the job
+        assert read == {"name": "data", "mountPath": "/data", "readOnly": True}  # read-only for the service
+        assert volumes["data"] == {"name": "data", "emptyDir": {}}
+        assert {"/tmp", "/home/sinkflex"} <= set(_mounts(tasks))  # its read-only root's writable paths
+        assert not any("persistentVolumeClaim" in v for v in volumes.values()), comp
+
+
+def test_learner_node0_prepares_the_run_before_it_starts(chart_multigpu):
+    """compose's order (sinkflex_rl/local.py's): tasks, then env and reward SERVING, then the
+    warm start, then the learner; on node 0's pod only, on the shared volume."""
+    sets = by_kind(chart_multigpu, "StatefulSet")
+    master, worker = sets[full("learner")], sets[full("learner-worker")]
+    init = _init(master)
+    assert list(init) == ["tasks", "wait-env", "wait-reward", "warm-start"]
+    assert "initContainers" not in pod_spec(worker)  # workers wait in torchrun's rendezvous
+    (learner,) = containers(master)
+    tasks, warm = init["tasks"], init["warm-start"]
+    # tasks: onto the shared volume the learner, its warm start and the driver read
+    assert tasks["command"] == ["sinkflex-service", "tasks"] and tasks["image"] == "sinkflex/env:0.1.0"
+    assert _mounts(tasks)["/data"] == {"name": "shared", "mountPath": "/data", "subPath": "data"} == _mounts(learner)["/data"]
+    # the waits: env's and reward's gRPC health, as the driver's
+    for comp in ("env", "reward"):
+        wait = init[f"wait-{comp}"]
+        assert wait["command"] == ["python", "-m", "sinkflex.healthcheck"]
+        assert wait["args"] == [f"{full(comp)}:{PORTS[comp][0]}", "--service", HEALTH_SERVICES[comp], "--wait", "1800"]
+    # warm-start: the learner image, no GPU, the learner's run folder, models and experiment
+    assert warm["command"] == ["sinkflex-service", "warm-start"] and "args" not in warm
+    assert warm["image"] == learner["image"] == "sinkflex/learner:0.1.0"
+    assert warm["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    for c in init.values():
+        assert "nvidia.com/gpu" not in str(c["resources"]), c["name"]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    for path in ("/data", "/models"):
+        assert _mounts(warm)[path] == _mounts(learner)[path], path
+    env, learner_env = env_of(warm), env_of(learner)
+    for name in (*_EXPERIMENT_ENV, "HF_HOME", "HF_TOKEN"):
+        assert env[name] == learner_env[name], name
+    assert env["SINKFLEX_ENV_ADDRESS"]["value"] == f"{full('env')}:{PORTS['env'][0]}"
+    assert env["SINKFLEX_REWARD_ADDRESS"]["value"] == f"{full('reward')}:{PORTS['reward'][0]}"
+    assert not any(k.startswith("REDIS") for k in env)  # it never touches the buffer
+    # the driver, which reads the shared tasks, starts after the learner reports SERVING
+    assert [c["name"] for c in pod_spec(workload_of(chart_multigpu, "train"))["initContainers"]][-1] == "wait-learner"
+
+
+def test_the_chart_runs_composes_one_shot_jobs_as_compose_runs_them(compose, chart_default):
+    """Same entry point and every SINKFLEX_* setting compose gives `tasks` and `warm-start`
+    (the warm start also the Hugging Face cache where the learner has it)."""
+    init = {**_init(workload_of(chart_default, "env")), **_init(workload_of(chart_default, "learner"))}
+    for job in ("tasks", "warm-start"):
+        svc = compose["services"][job]
+        assert init[job]["command"] == svc["entrypoint"] and svc["command"] == [] and "args" not in init[job]
+        wanted = {k for k in svc["environment"] if k.startswith("SINKFLEX_")}
+        if job == "warm-start":
+            wanted.add("HF_HOME")
+        assert wanted - set(env_of(init[job])) == set(), job
+        assert env_of(init[job])["SINKFLEX_RUN_DIR"]["value"] == svc["environment"]["SINKFLEX_RUN_DIR"] == "/data/run"
+
+
+def test_run_preparation_can_be_turned_off():
+    no_tasks = render_chart({"tasks": {"enabled": False}})
+    for comp in ("env", "reward"):
+        spec = pod_spec(workload_of(no_tasks, comp))
+        assert "initContainers" not in spec
+        assert "data" not in {v["name"] for v in spec["volumes"]}
+        assert "/data" not in _mounts(spec["containers"][0])
+    assert list(_init(workload_of(no_tasks, "learner"))) == ["wait-env", "wait-reward", "warm-start"]
+    no_warm = render_chart({"warmStart": {"enabled": False}})
+    assert list(_init(workload_of(no_warm, "learner"))) == ["tasks"]
+    assert list(_init(workload_of(no_warm, "env"))) == ["tasks"]
+    neither = render_chart({"tasks": {"enabled": False}, "warmStart": {"enabled": False}})
+    assert "initContainers" not in pod_spec(workload_of(neither, "learner"))
+    # nothing left to mount in env with a writable root, no TLS and no tasks
+    bare = render_chart({"tasks": {"enabled": False}, "readOnlyRootFilesystem": False})
+    assert "volumes" not in pod_spec(workload_of(bare, "env"))
+
+
+def test_tasks_init_containers_write_the_same_folder_in_every_pod(tmp_path):
+    """Why env and reward may generate their own copy: what each pod's `tasks` init container
+    runs (its command and environment as rendered, /data a folder of its own here) writes
+    byte-identical task folders in env's, reward's and the learner's pods, and env's service
+    config then lists its own copy."""
+    import yaml
+
+    manifests = render_chart(_DEMO_VALUES)
+    folders = []
+    for comp in ("env", "reward", "learner"):
+        tasks = _init(workload_of(manifests, comp))["tasks"]
+        data = tmp_path / comp / "data"
+        environ = {k: v["value"].replace("/data", str(data)) for k, v in env_of(tasks).items() if "value" in v}
+        run = [sys.executable, str(DOCKER / "sinkflex_service.py"), *tasks["command"][1:]]
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SINKFLEX_")}
+        proc = subprocess.run(run, env={**base, **environ}, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert proc.returncode == 0, proc.stderr
+        folder = data / "run" / "tasks"
+        assert proc.stdout.strip() == f"tasks: {folder} ready (256 train + 64 test)"
+        folders.append(folder)
+        if comp == "env":  # what the env service then reads
+            main = {k: v["value"].replace("/data", str(data)) for k, v in env_of(containers(workload_of(manifests, comp))[0]).items()
+                    if "value" in v}
+            dry = subprocess.run([sys.executable, str(DOCKER / "sinkflex_service.py"), "env", "--dry-run"],
+                                 env={**base, **main, "SINKFLEX_CONFIG_DIR": str(tmp_path / "derived")}, cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120, check=False)
+            assert dry.returncode == 0, dry.stderr
+            derived = yaml.safe_load(Path(json.loads(dry.stdout)["config"]).read_text())
+            assert derived["task_files"] == {"mock": [str(folder)]}
+    names = sorted(p.name for p in folders[0].iterdir())
+    assert names == ["generate.json", "split_tasks.json", "tasks.json"]
+    for other in folders[1:]:
+        assert sorted(p.name for p in other.iterdir()) == names
+        for name in names:
+            assert (other / name).read_bytes() == (folders[0] / name).read_bytes(), (other, name)
+    assert len(json.loads((folders[0] / "tasks.json").read_text())) == 320

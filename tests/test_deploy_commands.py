@@ -191,7 +191,8 @@ def _chart_usages() -> list[tuple[str, str, list[str]]]:
     out = []
     for manifests, label in ((render_chart(), "chart"), (render_chart(values), "chart gpt-oss-20b")):
         for w in workloads(manifests):
-            for c in w["spec"]["template"]["spec"]["containers"]:
+            spec = w["spec"]["template"]["spec"]
+            for c in spec["containers"] + spec.get("initContainers", []):  # init: the one-shot jobs
                 if c.get("command", [""])[0] == "sinkflex-service":
                     out.append((f"{label} {w['metadata']['name']}", c["command"][1], c.get("args", [])))
     return out
@@ -207,6 +208,8 @@ def test_usages_cover_every_component(usages):
     # the one-shot jobs take no flags (sinkflex-service refuses any)
     assert all(args == [] for _, comp, args in usages if comp in ("tasks", "warm-start"))
     assert {u[0].split(" ")[0] for u in usages} >= {"env.Dockerfile", "docker-compose.yml", "chart"}
+    # the chart runs both one-shot jobs too (init containers), with the same command as compose
+    assert {u[1] for u in usages if u[0].startswith("chart ")} >= {"tasks", "warm-start"}
 
 
 @pytest.mark.parametrize("component", ["env", "reward", "rollout", "learner", "train"])
@@ -240,9 +243,12 @@ def test_build_time_commands_exist(all_cli_help):
     assert "smollm2" in KNOWN_MODELS
     known = cli_flags("sinkflex.healthcheck")
     assert {"--service", "--timeout", "--wait"} <= known
-    # the chart's init containers (the driver waits for the services)
+    # the chart's init containers that wait for services (the driver's, the warm start's); the
+    # others run sinkflex-service's one-shot jobs (_chart_usages, test_usages_cover_every_component)
     for w in workloads(render_chart()):
         for c in w["spec"]["template"]["spec"].get("initContainers", []):
+            if c["command"][0] == "sinkflex-service":
+                continue
             assert c["command"] == ["python", "-m", "sinkflex.healthcheck"]
             assert set(flags_used(c["args"])) <= known, c["args"]
     assert re.search(r"\bsinkflex-rl\b", (ROOT / "pyproject.toml").read_text())  # the console script

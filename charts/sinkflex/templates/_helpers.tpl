@@ -449,3 +449,47 @@ holds another service's key. */}}
 - {name: tls, mountPath: {{ .root.Values.tls.mountPath | quote }}, readOnly: true}
 {{- end }}
 {{- end }}
+
+{{/* Run preparation ------------------------------------------------------ */}}
+
+{{/* The `tasks` init container: docker-compose.yml's one-shot `tasks` job (`sinkflex-service tasks`,
+same image, same settings) writes the experiment's generated task set (task.generate) into
+/data/run/tasks, or exits 0 at once (no task.generate; the folder already there with the same
+settings; other settings: it fails, naming them). (dict "root" $ "shared" <bool>): shared=true
+writes to the shared volume (the learner's pod: warm-start and the driver read it there),
+false to the pod's own `data` emptyDir (env, reward: sinkflex.tasksVolume). */}}
+{{- define "sinkflex.tasksInitContainer" -}}
+{{- $root := .root }}
+- name: tasks
+  image: {{ include "sinkflex.image" (dict "root" $root "image" $root.Values.tasks.image) | quote }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command: ["sinkflex-service", "tasks"]
+  env:
+    {{- include "sinkflex.commonEnv" $root | nindent 4 }}
+    {{- include "sinkflex.experimentEnv" $root | nindent 4 }}
+  resources:
+    {{- toYaml $root.Values.tasks.resources | nindent 4 }}
+  securityContext:
+    {{- include "sinkflex.securityContext" (dict "root" $root "readOnly" true) | nindent 4 }}
+  volumeMounts:
+    {{- if .shared }}
+    - {name: shared, mountPath: /data, subPath: data}
+    {{- else }}
+    - {name: data, mountPath: /data}
+    {{- end }}
+    {{- include "sinkflex.writableMounts" $root | nindent 4 }}
+{{- end }}
+
+{{/* env's and reward's own /data (tasks.enabled): an emptyDir the `tasks` init container fills
+and the service reads read-only. Not the shared volume: see templates/env.yaml. */}}
+{{- define "sinkflex.tasksVolume" -}}
+{{- if .Values.tasks.enabled }}
+- name: data
+  emptyDir: {}
+{{- end }}
+{{- end }}
+{{- define "sinkflex.tasksMount" -}}
+{{- if .Values.tasks.enabled }}
+- {name: data, mountPath: /data, readOnly: true}
+{{- end }}
+{{- end }}
