@@ -44,6 +44,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf import json_format
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from rollout_service.engine import Sampling
 from rollout_service.formatting import Formatter
@@ -292,12 +298,32 @@ class _EnvFailure(Exception):
     """An env call raised (`__cause__`)."""
 
 
+#: Seconds an episode keeps sending an env call again while the env server sheds it (busy).
+ENV_BUSY_RETRY_S = 600.0
+
+
 async def _env_call(clock: _Clock, fn, request):
+    """`fn(request)` in a thread, timed as "env". A call the env server refused as busy
+    (`ServiceError.shed`: not run) is sent again with jittered exponential backoff (0.1 s
+    doubling to 5 s) for up to `ENV_BUSY_RETRY_S`; any other error, or still busy after that,
+    raises `_EnvFailure`. G episodes of many groups start together, so an env server's
+    concurrent-RPC cap (`sinkflex.limits`) is met in normal operation, above all in dual control,
+    where a Step holds its slot while the user simulator writes."""
     with clock("env"):
         try:
-            return await asyncio.to_thread(fn, request)
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception(lambda e: isinstance(e, ServiceError) and e.shed),
+                    wait=wait_exponential_jitter(initial=0.1, max=5.0), stop=stop_after_delay(ENV_BUSY_RETRY_S),
+                    before_sleep=_log_busy, reraise=True):
+                with attempt:
+                    return await asyncio.to_thread(fn, request)
         except Exception as err:
             raise _EnvFailure(str(err)) from err
+
+
+def _log_busy(state) -> None:
+    log.debug("env server busy (%s); calling again in %.2f s (attempt %d)",
+              state.outcome.exception(), state.next_action.sleep, state.attempt_number)
 
 
 def _action(parsed, turn: int) -> common_pb2.Message:
@@ -422,7 +448,7 @@ async def run_episode(generator: Generator, env, formatter: Formatter, spec: Epi
         env_breakdown=breakdown, timing=clock.timing(), error=error)
 
 
-def _stopped_episode(trajectory_id: str, spec: EpisodeSpec, version: int, clock: "_Clock", error: str) -> Episode:
+def _stopped_episode(trajectory_id: str, spec: EpisodeSpec, version: int, clock: _Clock, error: str) -> Episode:
     """An episode stopped before its env was reset: no tokens, no session."""
     return Episode(trajectory_id=trajectory_id, env=spec.env, task_id=spec.task_id, status=EpisodeStatus.STOPPED,
                    termination_reason=TERMINATION[EpisodeStatus.STOPPED], token_ids=(), logprobs=(), loss_mask=(),

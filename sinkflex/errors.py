@@ -14,7 +14,8 @@ so an id of 10 MB is named, not echoed.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -26,6 +27,9 @@ MAX_MESSAGE_BYTES = 1024
 MAX_QUOTE_CHARS = 120
 #: Status codes of a service that is busy, starting or restarting: worth asking again (`ServiceError.retryable`).
 RETRYABLE_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
+#: How a load-shedding refusal's message starts (`sinkflex.limits.LimitsInterceptor`): RESOURCE_EXHAUSTED
+#: with it means the server refused the call before running it (`ServiceError.shed`).
+SERVER_BUSY = "server busy"
 
 
 def safe_text(text: str) -> str:
@@ -72,8 +76,16 @@ class ServiceError(Exception):
         UNAVAILABLE, the codes a caller that waits for a service retries (`RETRYABLE_CODES`)."""
         return self.code in RETRYABLE_CODES
 
+    @property
+    def shed(self) -> bool:
+        """The server's load shedding refused the call before running it (RESOURCE_EXHAUSTED,
+        message starting with `SERVER_BUSY`): it changed nothing, and the same call may be sent
+        again after a backoff, whatever the method. Other RESOURCE_EXHAUSTED answers (a request
+        above a size limit, too many open sessions) are not."""
+        return self.code == grpc.StatusCode.RESOURCE_EXHAUSTED and self.message.startswith(SERVER_BUSY)
+
     @classmethod
-    def from_rpc_error(cls, err: grpc.RpcError) -> "ServiceError":
+    def from_rpc_error(cls, err: grpc.RpcError) -> ServiceError:
         return cls(err.code(), err.details() or "")
 
 

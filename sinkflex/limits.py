@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import grpc
 
-from sinkflex.errors import bound_message
+from sinkflex.errors import SERVER_BUSY, bound_message
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class LimitsInterceptor(grpc.ServerInterceptor):
 
         def refuse(context) -> None:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, bound_message(
-                f"server busy: {cap} RPCs already in progress (max_concurrent_rpcs {cap}); retry with backoff"))
+                f"{SERVER_BUSY}: {cap} RPCs already in progress (max_concurrent_rpcs {cap}); retry with backoff"))
 
         def oversized(request, context) -> None:
             if isinstance(request, _TooLarge):

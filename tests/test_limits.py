@@ -130,3 +130,51 @@ def test_the_drivers_reward_check_splits_its_tasks_under_the_servers_cap(monkeyp
             assert [t for t, _ in unknown] == ["nope_1", "nope_2", "nope_3", "nope_4"]
     finally:
         server.stop()
+
+
+def test_episodes_wait_out_an_env_server_that_sheds_load(rollout_tokenizer):
+    """16 episodes at once against a real env server that admits one RPC at a time: the calls it
+    refuses as busy are sent again (`rollout_service.episode._env_call`), and every episode ends
+    as the same episode run alone does — none is an infrastructure error."""
+    import asyncio
+
+    from env_service.client import GrpcEnvClient
+    from env_service.config import EnvServiceConfig
+    from env_service.server import build_server
+    from rollout_service.engine import Sampling
+    from rollout_service.episode import EpisodeSpec, EpisodeStatus, run_episode
+    from rollout_service.formatting import ChatTemplateFormatter, hermes_call_text
+    from sinkflex.api.common.v1 import common_pb2
+    from sinkflex_rl.warm_start import GoldenEngine
+
+    tok = rollout_tokenizer
+    server, _ = build_server(EnvServiceConfig(domains=("mock",), max_workers=2), port=0)
+    assert server.limits.max_concurrent_rpcs == 1
+    client = GrpcEnvClient(f"127.0.0.1:{server.port}", timeout=60)
+    call = hermes_call_text(common_pb2.ToolCall(name="get_users", arguments_json="{}"))
+    reply = list(tok.encode(call, add_special_tokens=False))
+    spec = EpisodeSpec(env="mock", task_id="create_task_1", sampling=Sampling(max_new_tokens=64), max_turns=4,
+                       max_context_tokens=8192, solo_mode=True)
+
+    async def episodes(n: int):
+        fmt = ChatTemplateFormatter(tok)
+        return await asyncio.gather(*(run_episode(GoldenEngine([reply + [fmt.eot_id]] * 4, fmt.eot_id), client,
+                                                  ChatTemplateFormatter(tok), spec) for _ in range(n)))
+
+    try:
+        (alone,) = asyncio.run(episodes(1))
+        assert alone.status == EpisodeStatus.MAX_TURNS and len(alone.turns) == 4  # 4 get_users calls, 4 Steps
+        assert alone.messages[-1].role == common_pb2.ROLE_TOOL and alone.messages[-1].content  # the 4th call's result
+        refused = 0
+        for _ in range(5):  # the threads race for the one slot: refusals are near-certain, made certain here
+            before = server.limits.refused
+            together = asyncio.run(episodes(16))
+            refused += server.limits.refused - before
+            assert [(e.status, len(e.turns), e.messages[-1].content) for e in together] == \
+                [(alone.status, len(alone.turns), alone.messages[-1].content)] * 16
+            if refused:
+                break
+        assert refused > 0
+    finally:
+        client.shutdown()
+        server.stop()
