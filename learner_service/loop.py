@@ -28,7 +28,14 @@ Poison groups: each group is checked when rank 0 reads it (`batch.validate_group
 inside the vocabulary, lengths and masks consistent, finite log-probs and rewards; then
 `Group.from_proto`); one that fails goes to the buffer's dead-letter stream with the error as
 its reason, acknowledged and never trained, counted (`LearnerRunner.dead_lettered`, metric
-dead_lettered_groups_total), and training goes on. Trajectories are cut to `batch.max_seq_len`,
+dead_lettered_groups_total), and training goes on. A step's quota (`batch.groups_per_step`)
+counts its dead-lettered groups as it counts the ones it trains: once the buffer has nothing
+more to deliver and the groups read plus the groups dead-lettered reach the quota, the step
+trains on the groups it has (metric dead_lettered_groups), so a synchronous run, whose
+driver publishes exactly one step's groups, does not wait for groups that will never come.
+While a step waits for its groups, the entries it holds are touched (`TrajectoryBuffer.touch`)
+every `buffer.claim_idle_ms` / 3, so a slow producer never makes them idle long enough to be
+reclaimed and delivered again. Trajectories are cut to `batch.max_seq_len`,
 by default the model's `max_position_embeddings`. A step that raises anyway (world size 1)
 rolls the learner back to its latest checkpoint and takes its unacknowledged entries back
 (`TrajectoryBuffer.take_back`; each delivery counts); an entry delivered more than
@@ -92,6 +99,8 @@ class LearnerRunner:
         self.max_seq_len = learner.cfg.batch.max_seq_len or getattr(model_cfg, "max_position_embeddings", None)
         self.vocab_size = _vocab_size(learner.model)
         self._dropped_since_step = 0  # stale groups dropped since the last step (rank 0)
+        self._dead_since_step = 0  # groups dead-lettered since the last step: part of its quota (rank 0)
+        self._touched_at = time.monotonic()  # when the entries in `collected` were last touched (rank 0)
 
     # ------------------------------------------------------------------ requests (any thread)
     def request_stop(self) -> None:
@@ -110,15 +119,25 @@ class LearnerRunner:
         cfg = self.learner.cfg
         if self._stop.is_set():  # groups dropped since the last step are counted in a last checkpoint
             return Tick(stop=True, checkpoint=self._dropped_since_step > 0)
-        want = cfg.batch.groups_per_step - len(collected)
+        quota = cfg.batch.groups_per_step
+        want = quota - len(collected)
+        delivered = 0
         if want > 0:
-            for entry in self.buffer.read(cfg.buffer.consumer, count=want, block_ms=cfg.buffer.block_ms):
+            held = {e.entry_id for e, _ in collected}
+            dead_before = self.buffer.read_dead_letters
+            entries = self.buffer.read(cfg.buffer.consumer, count=want, block_ms=cfg.buffer.block_ms)
+            delivered = len(entries)
+            self._dead_since_step += self.buffer.read_dead_letters - dead_before
+            for entry in entries:
+                if entry.entry_id in held:  # already held for this step (delivered again): train it once
+                    continue
                 try:  # the one conversion of this group (batch.Group): validated, advantages computed
                     validate_group(entry.group, self.vocab_size)
                     group = Group.from_proto(entry.group, cfg.grpo.adv_eps, self.max_seq_len, cfg.grpo.reward_shaping)
                 except ValueError as err:
                     self.invalid_groups += 1
                     self.dead_lettered += 1
+                    self._dead_since_step += 1
                     log.error("dead-lettering invalid group %s (entry %s): %s", entry.group.group_id, entry.entry_id, err)
                     self.buffer.dead_letter(cfg.buffer.consumer, [entry], f"learner validation: {err}")
                     continue
@@ -127,9 +146,35 @@ class LearnerRunner:
                 collected.append((entry, group))
         with self._lock:
             ckpt = bool(self._ckpt_waiters)
-        if len(collected) >= cfg.batch.groups_per_step:
+        if len(collected) >= quota:
             return Tick(groups=tuple(g for _, g in collected), checkpoint=ckpt)
+        if not delivered and len(collected) + self._dead_since_step >= quota:
+            if collected:  # the buffer has nothing more: the step's other groups were dead-lettered
+                log.warning("training step %d on %d groups: %d of its %d were dead-lettered",
+                            self.learner.state.step + 1, len(collected), self._dead_since_step, quota)
+                return Tick(groups=tuple(g for _, g in collected), checkpoint=ckpt)
+            log.warning("all %d groups read for step %d were dead-lettered; waiting for more",
+                        self._dead_since_step, self.learner.state.step + 1)
+            self._dead_since_step = 0
+        self._keep_claimed(collected)
         return Tick(checkpoint=ckpt)
+
+    def _keep_claimed(self, collected: list) -> None:
+        """Rank 0, while a step waits for its groups: touches the entries it holds every
+        claim_idle_ms / 3 (so the buffer never reclaims them as idle and delivers them again),
+        and drops any another consumer has reclaimed meanwhile (it trains them, not us)."""
+        now = time.monotonic()
+        if not collected:
+            self._touched_at = now
+            return
+        if (now - self._touched_at) * 1000 < self.buffer.claim_idle_ms / 3:
+            return
+        self._touched_at = now
+        owned = self.buffer.touch(self.learner.cfg.buffer.consumer, [e for e, _ in collected])
+        lost = [e.group.group_id for (e, _), mine in zip(collected, owned) if not mine]
+        if lost:
+            log.warning("groups %s were reclaimed by another consumer while this step waited: not trained here", lost)
+            collected[:] = [c for c, mine in zip(collected, owned) if mine]
 
     def _too_stale(self, entry, group: Group) -> bool:
         """Rank 0: drops (acknowledges untrained, counts) a group older than max_staleness allows."""
@@ -260,7 +305,8 @@ class LearnerRunner:
                 if last_end is not None:
                     idle_total += idle
                     extra["learner_idle_fraction"] = idle_total / max(idle_total + busy_total, 1e-9)
-                self._dropped_since_step = 0
+                extra["dead_lettered_groups"] = float(self._dead_since_step)
+                self._dropped_since_step = self._dead_since_step = 0
                 if cfg.step_delay_s:
                     time.sleep(cfg.step_delay_s)  # a learner slowed on purpose (tests, benchmarks)
                 extra["dead_lettered_groups_total"] = float(self.dead_lettered)

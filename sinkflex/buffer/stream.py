@@ -246,6 +246,9 @@ class TrajectoryBuffer:
         self._own_pending_taken: set[str] = set()  # consumers whose pending entries were taken back (read)
         self.trained_key = f"{stream}:trained"
         self.dead_letter_stream = f"{stream}:dead"
+        # entries `read` moved to the dead-letter stream (malformed, or past max_deliveries) in this
+        # process: a consumer that counts groups towards a quota learns from it that some will never come
+        self.read_dead_letters = 0
         try:
             # tenacity (`_call`) is the only retry policy: redis-py's own retries are off.
             # A socket timeout above the longest blocking read detects a silent peer.
@@ -402,7 +405,8 @@ class TrajectoryBuffer:
         or stalled); then XREADGROUP ``>`` takes new entries, blocking up to `block_ms`.
         Entries whose group id is in the trained set or in `skip_group_ids` (e.g. from the
         learner's checkpoint) are acknowledged and dropped; so are duplicate group ids
-        within one read. Malformed entries go to the dead-letter stream, acknowledged.
+        within one read. Malformed entries, and entries delivered more than `max_deliveries`
+        times, go to the dead-letter stream, acknowledged, counted in `read_dead_letters`.
 
         Returns:
             at most `count` entries; [] when nothing came within `block_ms`.
@@ -524,6 +528,7 @@ class TrajectoryBuffer:
                     "each attempt to train group " + repr(group.group_id) + " raised or stopped the learner")
             if group is None:
                 self._call(self._dead_letter, consumer, entry_id, fields, reason)
+                self.read_dead_letters += 1
             else:
                 decoded.append(BufferEntry(entry_id, group, deliveries))
         if not decoded:
