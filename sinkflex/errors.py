@@ -25,7 +25,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 MAX_MESSAGE_BYTES = 1024
 #: Longest quote of a request value in a message (characters, before repr escaping).
 MAX_QUOTE_CHARS = 120
-#: Status codes of a service that is busy, starting or restarting: worth asking again (`ServiceError.retryable`).
+#: Status codes of a service that is slow, starting or restarting: worth asking again (`ServiceError.retryable`).
 RETRYABLE_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
 #: How a load-shedding refusal's message starts (`sinkflex.limits.LimitsInterceptor`): RESOURCE_EXHAUSTED
 #: with it means the server refused the call before running it (`ServiceError.shed`).
@@ -72,9 +72,12 @@ class ServiceError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """The service did not answer in time or is not serving (yet): DEADLINE_EXCEEDED or
-        UNAVAILABLE, the codes a caller that waits for a service retries (`RETRYABLE_CODES`)."""
-        return self.code in RETRYABLE_CODES
+        """Worth sending again, if the call is idempotent: the service did not answer in time or
+        is not serving (yet) (DEADLINE_EXCEEDED or UNAVAILABLE, `RETRYABLE_CODES`), or its load
+        shedding refused the call (`shed`). The one predicate of every retry of an idempotent
+        call (polls, Status, ScoreBatch); a call that changes state (an env Step) may be sent
+        again only when `shed`, since a DEADLINE_EXCEEDED one may have run."""
+        return self.code in RETRYABLE_CODES or self.shed
 
     @property
     def shed(self) -> bool:

@@ -60,6 +60,44 @@ def test_concurrent_rpcs_above_the_cap_are_refused_naming_it_and_health_still_an
         server.stop()
 
 
+def test_a_shed_call_is_retryable_and_succeeds_once_a_slot_is_free():
+    """A refusal by load shedding, as the project's clients see it, is `ServiceError.shed` and
+    `.retryable` (the predicate of every retry of an idempotent call: the agent's ScoreBatch, the
+    driver's polls); the same call sent again with that predicate succeeds once a slot is free."""
+    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
+
+    from rollout_service.client import GrpcRolloutClient
+    from sinkflex.errors import ServiceError
+
+    slow = _Slow()
+    server = ServiceServer(port=0, service_names=[ROLLOUT_S], max_concurrent_rpcs=1, grace_seconds=0.0)
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(slow, server.server)
+    server.start()
+    server.set_serving()
+    client = GrpcRolloutClient(f"127.0.0.1:{server.port}")
+    try:
+        held = threading.Thread(target=client.status, kwargs={"timeout": 30})
+        held.start()
+        assert slow.entered.acquire(timeout=10)  # the one slot is taken
+        with pytest.raises(ServiceError) as err:
+            client.status(timeout=10)
+        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and err.value.shed and err.value.retryable
+        assert not ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many open sessions (max 8)").retryable
+        threading.Timer(1.0, slow.release.set).start()
+        tries = []
+        for attempt in Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.2), reraise=True,
+                                retry=retry_if_exception(lambda e: isinstance(e, ServiceError) and e.retryable),
+                                before_sleep=tries.append):
+            with attempt:
+                assert client.status(timeout=10).model == "m"
+        assert tries  # refused at least once, then answered
+        held.join(10)
+    finally:
+        slow.release.set()
+        client.close()
+        server.stop()
+
+
 def test_rollout_caps_and_small_request_limits():
     server = ServiceServer(port=0, service_names=[ROLLOUT_S], grace_seconds=0.0)
     limits = RolloutLimits(max_group_size=8, max_tasks_per_call=3, max_turns=10, max_context_tokens=4096)
