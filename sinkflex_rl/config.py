@@ -235,6 +235,10 @@ class ValidationConfig(StrictModel):
     """Tasks of the eval split to use (the first N); 0: all."""
     trials: int = Field(1, ge=1)
     """Samples per task; pass^k is reported for k = 1..trials."""
+    base_trials: Optional[int] = Field(None, ge=1)
+    """Samples per task for the base model's validation (before the warm start or the first RL
+    step); None: `trials`. Paired differences compare per-task means, so the base may use fewer:
+    an untrained policy often runs every episode to `rollout.max_turns`, the costliest validation."""
     temperature: float = Field(1.0, gt=0)
 
 

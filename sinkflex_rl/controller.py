@@ -382,9 +382,10 @@ class Controller:
         trajectories as τ²-Bench's results file <run dir>/validation/tau2/<label>.json
         (`write_tau2_results`)."""
         v = self.cfg.validation
+        trials = v.base_trials if label == "base" and v.base_trials else v.trials
         tasks = self.eval_tasks()
         started = time.time()
-        groups = self.run_rollouts(tasks, v.trials, v.temperature, publish=False, desc=f"validation ({label}, v{version})")
+        groups = self.run_rollouts(tasks, trials, v.temperature, publish=False, desc=f"validation ({label}, v{version})")
         sampled = {turn.policy_version for g in groups for t in g.trajectories for turn in t.turns}
         if sampled and sampled != {version}:  # a request is pinned to one version: a later one was served
             actual = max(sampled)
@@ -392,7 +393,7 @@ class Controller:
             if len(sampled) == 1 and label.startswith("step ") and actual > self.v0:
                 label, version = f"step {actual - self.v0}", actual
         per_task_rewards, unscored = scored_trials(groups)
-        record = {**validation_scores(per_task_rewards, v.trials), "tasks": len(tasks), "trials": v.trials,
+        record = {**validation_scores(per_task_rewards, trials), "tasks": len(tasks), "trials": trials,
                   **user_turn_counts([t for g in groups for t in g.trajectories]),
                   "unscored": float(sum(unscored.values())), "policy_version": version, "rl_step": version - self.v0}
         m, lo, hi = record["mean_at_1"], record["ci_low"], record["ci_high"]
@@ -410,7 +411,7 @@ class Controller:
                                    "per_task": dict(per_task_rewards), "unscored_per_task": unscored,
                                    "tau2_results": str(results) if results else None}, indent=1))
         log.info("validation (%s, v%d): mean@1 %.3f [%.3f, %.3f] on %d tasks x %d trials", label, version, m, lo, hi,
-                 len(tasks), v.trials)
+                 len(tasks), trials)
         return record
 
     def write_tau2_results(self, groups, path: Path, started: float) -> Path | None:
