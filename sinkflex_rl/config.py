@@ -239,6 +239,10 @@ class ValidationConfig(StrictModel):
     """Samples per task for the base model's validation (before the warm start or the first RL
     step); None: `trials`. Paired differences compare per-task means, so the base may use fewer:
     an untrained policy often runs every episode to `rollout.max_turns`, the costliest validation."""
+    base_num_tasks: Optional[int] = Field(None, ge=1)
+    """Tasks (the first N of those `num_tasks` selects) for the base model's validation; None: the
+    same tasks as every other validation. Paired differences against the base are then taken over
+    the tasks both validated (their `tasks` field says how many)."""
     temperature: float = Field(1.0, gt=0)
 
 

@@ -376,14 +376,18 @@ class Controller:
     # -- the loop ------------------------------------------------------------------------
     def validate(self, label: str, version: int) -> dict[str, float]:
         """Validation of the policy the engine serves (`version`) on the eval split; `label` names it
-        ("base", "warm_start", "step N", "eval"). Writes a "val" record at step = `version` (with
+        ("base", "warm_start", "step N", "eval"); the base model takes `validation.base_trials`
+        samples of the first `validation.base_num_tasks` tasks when those are set. Writes a "val" record at step = `version` (with
         `rl_step` = version − v0: −1 for the base model under a warm start, 0 for the policy RL
         starts from), <run dir>/validation/<label>.json and, for a τ²-Bench domain, the
         trajectories as τ²-Bench's results file <run dir>/validation/tau2/<label>.json
         (`write_tau2_results`)."""
         v = self.cfg.validation
-        trials = v.base_trials if label == "base" and v.base_trials else v.trials
+        base = label == "base"
+        trials = v.base_trials if base and v.base_trials else v.trials
         tasks = self.eval_tasks()
+        if base and v.base_num_tasks:
+            tasks = tasks[: v.base_num_tasks]
         started = time.time()
         groups = self.run_rollouts(tasks, trials, v.temperature, publish=False, desc=f"validation ({label}, v{version})")
         sampled = {turn.policy_version for g in groups for t in g.trajectories for turn in t.turns}

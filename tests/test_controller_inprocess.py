@@ -178,7 +178,7 @@ class FakeRunner:
 
 
 def _controller(tmp_path, env_core, catalog, task_set, steps: int, max_staleness: int = 0, task_dir: str | None = None,
-                base_trials: int | None = None):
+                base_trials: int | None = None, base_num_tasks: int | None = None):
     from sinkflex_rl.clients import connect
     from sinkflex_rl.config import TrainConfig
     from sinkflex_rl.controller import Controller
@@ -192,7 +192,8 @@ def _controller(tmp_path, env_core, catalog, task_set, steps: int, max_staleness
         "task": {"env": "mock", "train_split": "train", "eval_split": "test", "tasks_per_step": 2, "order": "stratified",
                  "solo_mode": True, "task_files": [task_dir] if task_dir else []},
         "rollout": {"group_size": 2, "max_staleness": max_staleness},
-        "validation": {"every_steps": steps, "num_tasks": 0, "trials": 2, "base_trials": base_trials},
+        "validation": {"every_steps": steps, "num_tasks": 0, "trials": 2, "base_trials": base_trials,
+                       "base_num_tasks": base_num_tasks},
         "models": {"user_simulator": None},
     }, TrainConfig)
     rollout = ScriptedRollout(LocalEnvClient(core=env_core), LocalRewardClient(catalog), task_set.tasks)
@@ -413,21 +414,24 @@ def test_train_records_the_driver_missed_are_recovered_from_the_learners():
     assert recovered_train_records(driver, [], v0=0, done_steps=3) == [(2, {"recovered": 1}), (3, {"recovered": 1})]
 
 
-def test_base_validation_takes_base_trials_samples_per_task(tmp_path, env_core, catalog, task_set, task_dir):
-    """validation.base_trials: the base model is validated with 1 sample per task, the last step with
-    `trials` (2); the paired difference compares per-task means over the tasks both validated."""
+def test_base_validation_takes_base_trials_samples_of_base_num_tasks(tmp_path, env_core, catalog, task_set, task_dir):
+    """validation.base_trials / base_num_tasks: the base model is validated with 1 sample of the
+    first 3 tasks, the last step with `trials` (2) of all 4; the paired difference compares per-task
+    means over the 3 tasks both validated."""
     from sinkflex_rl.controller import paired_difference, read_validations
 
-    ctl, rollout, _ = _controller(tmp_path, env_core, catalog, task_set, 1, task_dir=task_dir, base_trials=1)
+    ctl, rollout, _ = _controller(tmp_path, env_core, catalog, task_set, 1, task_dir=task_dir, base_trials=1,
+                                  base_num_tasks=3)
     try:
         assert ctl.run() == 1
     finally:
         ctl.close()
     test_ids = task_set.splits["test"]
     val = _records(tmp_path / "run", "val")
-    assert [(r["policy_version"], r["tasks"], r["trials"]) for r in val] == [(0, 4, 1), (1, 4, 2)]
+    assert [(r["policy_version"], r["tasks"], r["trials"]) for r in val] == [(0, 3, 1), (1, 4, 2)]
     assert "pass_hat_2" not in val[0] and val[1]["pass_hat_2"] == 1.0
     base, last = read_validations(tmp_path / "run")
-    assert base["per_task"] == {t: [1.0] for t in test_ids} and last["per_task"] == {t: [1.0, 1.0] for t in test_ids}
+    assert base["per_task"] == {t: [1.0] for t in test_ids[:3]}
+    assert last["per_task"] == {t: [1.0, 1.0] for t in test_ids}
     assert paired_difference(last, base) == {"after": "step 1", "before": "base", "difference": 0.0,
-                                             "ci_low": 0.0, "ci_high": 0.0, "tasks": 4}
+                                             "ci_low": 0.0, "ci_high": 0.0, "tasks": 3}
