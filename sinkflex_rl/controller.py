@@ -539,12 +539,15 @@ class Controller:
                     with self._metrics_lock:
                         for g in groups:
                             for t in g.trajectories:
+                                if math.isnan(t.reward):  # its evaluation raised: no score, the reason in the log
+                                    log.warning("step %d: trajectory %s of task %s unscored: %s", step + 1,
+                                                t.trajectory_id, g.task_id, t.reward_breakdown.info[:500])
                                 self.metrics.write("trajectory", step + 1, {
                                     "reward": t.reward, "tokens": len(t.token_ids), "turns": len(t.turns),
                                     "user_turns": int(t.metrics.get("user_turns", 0.0)),
                                     "policy_version": t.policy_version,
                                     "policy_version_last": max((x.policy_version for x in t.turns), default=t.policy_version),
-                                    **({"unscored": t.reward_breakdown.info[:500]} if math.isnan(t.reward) else {})})
+                                    "unscored": float(math.isnan(t.reward))})
                     produced.put((step, groups, time.time() - t0, t0 - t_gate))
             except BaseException as err:  # noqa: BLE001 - handed to the main thread
                 produced.put(err)

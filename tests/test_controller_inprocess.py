@@ -80,37 +80,46 @@ class ScriptedRollout:
     def __init__(self, env, reward, tasks):
         self.env, self.reward, self.tasks = env, reward, tasks
         self.sink = None  # FakeRunner.put
+        self.cut_sample: int | None = None  # this sample of every published group at v0 ends unscored (`episode`)
         self.policy_version = 0
         self.requests: list[tuple[int, bool, tuple[str, ...]]] = []  # (version, publish, task ids)
         self.updates: list[tuple[int, str]] = []
         self._uptime0 = time.monotonic()
         self._busy = 0.0
 
-    def episode(self, env_name: str, task_id: str, golden: bool, version: int, solo_mode: bool) -> common_pb2.Trajectory:
+    def episode(self, env_name: str, task_id: str, golden: bool, version: int, solo_mode: bool,
+                cut: bool = False) -> common_pb2.Trajectory:
+        """A golden (the task's actions, then stop) or a stop-only episode; `cut`: the golden one ends
+        right after its first tool call, unanswered, as a stop (τ²-Bench's replay then raises "Tool
+        message expected": the reward service returns it unscored, reward NaN)."""
         from env_service.session import STOP_TOKEN
 
         task = self.tasks[task_id]
         reset = self.env.reset(env_pb2.ResetRequest(env=env_name, task_id=task_id, solo_mode=solo_mode, seed=1))
         messages = list(reset.observation)
         actions = task.evaluation_criteria.actions if golden else []
+        termination = common_pb2.TERMINATION_REASON_AGENT_STOP
         for i, a in enumerate(actions):
             msg = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, tool_calls=[common_pb2.ToolCall(
                 id=f"call-{i}", name=a.name, arguments_json=json.dumps(dict(a.arguments)), requestor=common_pb2.ROLE_ASSISTANT)])
             step = self.env.step(env_pb2.StepRequest(session_id=reset.session_id, action=msg))
-            messages += [msg, *step.observation]
-        final = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT)
-        step = self.env.step(env_pb2.StepRequest(session_id=reset.session_id, action=final, stop=True))
-        final.content = STOP_TOKEN  # as τ²-Bench records the agent's stop
-        messages += [final, *step.observation]
+            messages += [msg] if cut else [msg, *step.observation]
+            if cut:
+                break
+        if not (cut and actions):
+            final = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT)
+            step = self.env.step(env_pb2.StepRequest(session_id=reset.session_id, action=final, stop=True))
+            final.content = STOP_TOKEN  # as τ²-Bench records the agent's stop
+            messages += [final, *step.observation]
+            termination = step.termination_reason
         self.env.close(reset.session_id)
         breakdown = self.reward.score(reward_pb2.ScoreRequest(env=env_name, task_id=task_id, messages=messages,
-                                                              termination_reason=step.termination_reason,
-                                                              solo_mode=solo_mode))
+                                                              termination_reason=termination, solo_mode=solo_mode))
         turns = len(actions) + 1
         return common_pb2.Trajectory(
             task_id=task_id, env=env_name, policy_version=version, token_ids=list(range(3 * turns)),
             messages=messages, reward=breakdown.reward, reward_breakdown=breakdown,
-            termination_reason=step.termination_reason,
+            termination_reason=termination,
             turns=[common_pb2.TurnInfo(policy_version=version, num_generated=3) for _ in range(turns)])
 
     def rollout(self, request, timeout=None):
@@ -122,7 +131,9 @@ class ScriptedRollout:
             t0 = time.monotonic()
             group = common_pb2.TrajectoryGroup(group_id=f"g{len(self.requests)}-{n}", task_id=task_id, env=request.env)
             for j in range(request.group_size):
-                traj = self.episode(request.env, task_id, golden=j <= version, version=version, solo_mode=request.solo_mode)
+                cut = request.publish and version == 0 and j == self.cut_sample
+                traj = self.episode(request.env, task_id, golden=j <= version, version=version, solo_mode=request.solo_mode,
+                                    cut=cut)
                 traj.trajectory_id = f"{group.group_id}-{j}"
                 group.trajectories.append(traj)
             self._busy += time.monotonic() - t0
@@ -435,3 +446,23 @@ def test_base_validation_takes_base_trials_samples_of_base_num_tasks(tmp_path, e
     assert last["per_task"] == {t: [1.0, 1.0] for t in test_ids}
     assert paired_difference(last, base) == {"after": "step 1", "before": "base", "difference": 0.0,
                                              "ci_low": 0.0, "ci_high": 0.0, "tasks": 3}
+
+
+def test_an_unscored_training_trajectory_is_recorded_and_the_run_goes_on(tmp_path, env_core, catalog, task_set, caplog):
+    """A training trajectory τ²-Bench cannot evaluate (it ends right after an unanswered tool call:
+    its replay raises "Tool message expected"; bin/demo-dual met one in ~600 episodes) comes back
+    unscored (reward NaN); the driver records it as a number (`unscored` 1.0), logs why, and trains on."""
+    ctl, rollout, runner = _controller(tmp_path, env_core, catalog, task_set, 1)
+    rollout.cut_sample = 0
+    try:
+        with caplog.at_level("WARNING", logger="sinkflex_rl.controller"):
+            assert ctl.run() == 1
+    finally:
+        ctl.close()
+    trajs = _records(tmp_path / "run", "trajectory")
+    assert [r["unscored"] for r in trajs] == [1.0, 0.0] * 2
+    assert all(math.isnan(r["reward"]) for r in trajs[::2]) and [r["reward"] for r in trajs[1::2]] == [0.0, 0.0]
+    (train,) = _records(tmp_path / "run", "train")
+    assert train["unscored"] == 2.0 and train["reward_mean"] == 0.0 and runner.learner.state.groups_trained == 2
+    logged = [r.getMessage() for r in caplog.records if "unscored" in r.getMessage()]
+    assert len(logged) == 2 and all("Tool message expected" in m for m in logged)
