@@ -346,9 +346,17 @@ class Tau2Session:
             return
         from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 
+        run = self.simulation_run()
+        last = run.messages[-1] if run.messages else None
+        if isinstance(last, AssistantMessage) and last.tool_calls and run.termination_reason in (
+                TerminationReason.AGENT_STOP, TerminationReason.USER_STOP):
+            # a stop that also made tool calls ended the episode before they ran: scored on what ran
+            # (as the reward service does, reward_service.scoring.without_trailing_tool_calls)
+            kept = last.model_copy(update={"tool_calls": None})
+            run.messages = [*run.messages[:-1], *([kept] if kept.content else [])]
         try:
             info = evaluate_simulation(
-                simulation=self.simulation_run(),
+                simulation=run,
                 task=self.task,
                 evaluation_type=EvaluationType.ALL,
                 solo_mode=self.solo_mode,

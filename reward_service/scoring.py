@@ -16,6 +16,14 @@ NL-assertion judge are tau2's. What this module adds:
   answers no pending call, answers out of order, or a turn taken while tool calls are
   still unanswered) -> INVALID_ARGUMENT. Unanswered tool calls are allowed only at the
   very end (an episode cut right after a tool call).
+- tool calls the environment never executed: an agent message that holds both tool calls and
+  the stop token ends the episode (tau2's `Orchestrator.step` checks `is_stop` first) before
+  the calls run. tau2's replay of such a trajectory raises ("Tool message expected"), and
+  tau2's runner drops the sample; with `validate_communication` on, tau2 ends it as
+  AGENT_ERROR, reward 0. Here the trailing unanswered calls are left out of what tau2
+  evaluates (they changed nothing in the world), so the episode is scored on what did run:
+  a policy cannot turn a failure into an unscored (advantage 0) trajectory this way. The
+  breakdown's info starts with how many calls were left out (`UNEXECUTED_NOTE`).
 - termination reasons tau2 does not know (the rollout worker's MAX_TURNS,
   MAX_CONTEXT_TOKENS, INFRASTRUCTURE_ERROR) score 0.0 with tau2's own premature-termination
   note; tau2 scores every reason but agent/user stop that way.
@@ -382,6 +390,10 @@ def _zero(task, reason: str) -> common_pb2.RewardBreakdown:
 
 #: `RewardBreakdown.info` of an unscored trajectory starts with this (its `reward` is NaN).
 UNSCORED_PREFIX = "unscored: "
+#: The termination reasons tau2 evaluates by replaying the trajectory (every other one scores 0.0).
+EVALUATED_STOPS = (common_pb2.TERMINATION_REASON_AGENT_STOP, common_pb2.TERMINATION_REASON_USER_STOP)
+#: `RewardBreakdown.info` of a trajectory scored without its trailing unexecuted tool calls starts with this.
+UNEXECUTED_NOTE = "{n} trailing tool call(s) never executed (the episode stopped first), left out of the evaluation"
 
 
 def unscored(task, reason: str) -> common_pb2.RewardBreakdown:
@@ -454,14 +466,18 @@ def score(
             f"task {clip(request.task_id)} of env {clip(request.env)} has NL_ASSERTION in its reward basis, "
             "but no NL-assertion judge LLM is configured (start the service with --judge-model/--judge-base-url)"
         )
-    check_conversation(request.messages)
+    unexecuted = check_conversation(request.messages)
     if request.solo_mode:
         if not catalog.supports_solo(request.env):
             raise invalid_argument(f"solo_mode: env {clip(request.env)} does not support tau2's solo mode")
         users = [i for i, m in enumerate(request.messages) if m.role == common_pb2.ROLE_USER]
         if users:
             raise invalid_argument(f"solo_mode: messages{users[:5]} are user messages; a solo episode has none")
-    tau2_messages = to_tau2(request.messages)
+    messages = request.messages
+    unexecuted = unexecuted if reason in EVALUATED_STOPS else []  # other reasons: tau2 scores 0.0 without a replay
+    if unexecuted:
+        messages = without_trailing_tool_calls(messages, len(unexecuted))
+    tau2_messages = to_tau2(messages)
 
     if reason in OWN_TERMINATION:  # tau2's rule for every reason but agent/user stop
         return _zero(None, f"Simulation terminated prematurely. Termination reason: {OWN_TERMINATION[reason]}")
@@ -487,7 +503,24 @@ def score(
                 grpc.StatusCode.UNAVAILABLE, _reason(f"NL-assertion judge failed: {type(err).__name__}: {err}")
             ) from None
         return unscored(task, f"tau2 could not evaluate the trajectory: {type(err).__name__}: {err}")
-    return to_breakdown(info)
+    out = to_breakdown(info)
+    if unexecuted:
+        note = UNEXECUTED_NOTE.format(n=len(unexecuted))
+        out.info = _reason(f"{note}; {out.info}" if out.info else note)
+    return out
+
+
+def without_trailing_tool_calls(messages: Sequence[common_pb2.Message], unanswered: int) -> list[common_pb2.Message]:
+    """`messages` (a copy) without the `unanswered` last tool calls of the last message that made
+    calls: the trailing unanswered calls `check_conversation` returned (tool answers come in call
+    order, so the unanswered ones are that message's last), which the environment never executed.
+    That message keeps its content and any answered calls; left with neither, it is dropped
+    (tau2 refuses an empty message)."""
+    i = max(j for j, m in enumerate(messages) if m.role != common_pb2.ROLE_TOOL and m.tool_calls)
+    msg = common_pb2.Message()
+    msg.CopyFrom(messages[i])
+    del msg.tool_calls[len(msg.tool_calls) - unanswered:]
+    return [*messages[:i], *([msg] if msg.content or msg.tool_calls else []), *messages[i + 1:]]
 
 
 def batch_item(

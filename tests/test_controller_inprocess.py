@@ -80,7 +80,7 @@ class ScriptedRollout:
     def __init__(self, env, reward, tasks):
         self.env, self.reward, self.tasks = env, reward, tasks
         self.sink = None  # FakeRunner.put
-        self.cut_sample: int | None = None  # this sample of every published group at v0 ends unscored (`episode`)
+        self.tampered_sample: int | None = None  # this sample of every published group at v0 is unscored (`episode`)
         self.policy_version = 0
         self.requests: list[tuple[int, bool, tuple[str, ...]]] = []  # (version, publish, task ids)
         self.updates: list[tuple[int, str]] = []
@@ -88,30 +88,28 @@ class ScriptedRollout:
         self._busy = 0.0
 
     def episode(self, env_name: str, task_id: str, golden: bool, version: int, solo_mode: bool,
-                cut: bool = False) -> common_pb2.Trajectory:
-        """A golden (the task's actions, then stop) or a stop-only episode; `cut`: the golden one ends
-        right after its first tool call, unanswered, as a stop (τ²-Bench's replay then raises "Tool
-        message expected": the reward service returns it unscored, reward NaN)."""
+                tamper: bool = False) -> common_pb2.Trajectory:
+        """A golden (the task's actions, then stop) or a stop-only episode; `tamper`: the golden one's
+        first tool answer is replaced by one the environment did not give (τ²-Bench's replay then
+        raises: the reward service returns it unscored, reward NaN)."""
         from env_service.session import STOP_TOKEN
 
         task = self.tasks[task_id]
         reset = self.env.reset(env_pb2.ResetRequest(env=env_name, task_id=task_id, solo_mode=solo_mode, seed=1))
         messages = list(reset.observation)
         actions = task.evaluation_criteria.actions if golden else []
-        termination = common_pb2.TERMINATION_REASON_AGENT_STOP
         for i, a in enumerate(actions):
             msg = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, tool_calls=[common_pb2.ToolCall(
                 id=f"call-{i}", name=a.name, arguments_json=json.dumps(dict(a.arguments)), requestor=common_pb2.ROLE_ASSISTANT)])
             step = self.env.step(env_pb2.StepRequest(session_id=reset.session_id, action=msg))
-            messages += [msg] if cut else [msg, *step.observation]
-            if cut:
-                break
-        if not (cut and actions):
-            final = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT)
-            step = self.env.step(env_pb2.StepRequest(session_id=reset.session_id, action=final, stop=True))
-            final.content = STOP_TOKEN  # as τ²-Bench records the agent's stop
-            messages += [final, *step.observation]
-            termination = step.termination_reason
+            if tamper and i == 0:
+                step.observation[0].content = '{"id": "not what the environment answered"}'
+            messages += [msg, *step.observation]
+        final = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT)
+        step = self.env.step(env_pb2.StepRequest(session_id=reset.session_id, action=final, stop=True))
+        final.content = STOP_TOKEN  # as τ²-Bench records the agent's stop
+        messages += [final, *step.observation]
+        termination = step.termination_reason
         self.env.close(reset.session_id)
         breakdown = self.reward.score(reward_pb2.ScoreRequest(env=env_name, task_id=task_id, messages=messages,
                                                               termination_reason=termination, solo_mode=solo_mode))
@@ -131,9 +129,9 @@ class ScriptedRollout:
             t0 = time.monotonic()
             group = common_pb2.TrajectoryGroup(group_id=f"g{len(self.requests)}-{n}", task_id=task_id, env=request.env)
             for j in range(request.group_size):
-                cut = request.publish and version == 0 and j == self.cut_sample
+                tamper = request.publish and version == 0 and j == self.tampered_sample
                 traj = self.episode(request.env, task_id, golden=j <= version, version=version, solo_mode=request.solo_mode,
-                                    cut=cut)
+                                    tamper=tamper)
                 traj.trajectory_id = f"{group.group_id}-{j}"
                 group.trajectories.append(traj)
             self._busy += time.monotonic() - t0
@@ -449,11 +447,11 @@ def test_base_validation_takes_base_trials_samples_of_base_num_tasks(tmp_path, e
 
 
 def test_an_unscored_training_trajectory_is_recorded_and_the_run_goes_on(tmp_path, env_core, catalog, task_set, caplog):
-    """A training trajectory τ²-Bench cannot evaluate (it ends right after an unanswered tool call:
-    its replay raises "Tool message expected"; bin/demo-dual met one in ~600 episodes) comes back
-    unscored (reward NaN); the driver records it as a number (`unscored` 1.0), logs why, and trains on."""
+    """A training trajectory τ²-Bench cannot evaluate (here a tool answer the environment did not
+    give: its replay raises) comes back unscored (reward NaN); the driver records it as a number
+    (`unscored` 1.0), logs why, and trains on."""
     ctl, rollout, runner = _controller(tmp_path, env_core, catalog, task_set, 1)
-    rollout.cut_sample = 0
+    rollout.tampered_sample = 0
     try:
         with caplog.at_level("WARNING", logger="sinkflex_rl.controller"):
             assert ctl.run() == 1
@@ -465,4 +463,4 @@ def test_an_unscored_training_trajectory_is_recorded_and_the_run_goes_on(tmp_pat
     (train,) = _records(tmp_path / "run", "train")
     assert train["unscored"] == 2.0 and train["reward_mean"] == 0.0 and runner.learner.state.groups_trained == 2
     logged = [r.getMessage() for r in caplog.records if "unscored" in r.getMessage()]
-    assert len(logged) == 2 and all("Tool message expected" in m for m in logged)
+    assert len(logged) == 2 and all("tau2 could not evaluate the trajectory" in m for m in logged)

@@ -39,14 +39,29 @@ def test_local_and_grpc_clients_agree_and_are_deterministic(retail_trajectories,
         assert reward_client.score(req) == first
 
 
-def test_stop_right_after_unanswered_call_is_unscored_with_reason(retail_trajectories, local):
-    """tau2's evaluate_simulation raises here (replay finds no tool message): unscored (NaN), and why."""
+def test_stop_right_after_an_unexecuted_call_is_scored_on_what_ran(retail_trajectories, local):
+    """A stop whose message also makes a tool call ends the episode before the call runs (tau2's
+    `Orchestrator.step`); tau2's replay of it raises ("Tool message expected"). The call changed
+    nothing, so it is left out and the rest is scored: here the return never happened, DB fails, 0.0."""
+    from reward_service.scoring import without_trailing_tool_calls
+
     req = _copy(retail_trajectories["max_steps_after_call"].request,
                 termination_reason=common_pb2.TERMINATION_REASON_AGENT_STOP)
+    last = req.messages[-1]
+    assert last.tool_calls[0].name == "return_delivered_order_items" and not last.content
     b = local.score(req)
-    assert math.isnan(b.reward) and not b.components
-    assert b.info.startswith("unscored: tau2 could not evaluate the trajectory") and "Tool message expected" in b.info
-    assert list(b.reward_basis) == [common_pb2.REWARD_TYPE_DB, common_pb2.REWARD_TYPE_COMMUNICATE]
+    assert b.reward == 0.0 and b.info.startswith("1 trailing tool call(s) never executed")
+    comps = {c.type: c for c in b.components}
+    assert json.loads(comps[common_pb2.REWARD_TYPE_DB].details_json)["db_check"]["db_match"] is False
+    # the stop token in the calling message's content (as a policy writes it): the same score
+    stop = _copy(req)
+    stop.messages[-1].content = "####STOP####"
+    assert local.score(stop) == b
+    # what tau2 evaluates: the conversation without the call (a message left empty is dropped)
+    assert list(without_trailing_tool_calls(req.messages, 1)) == list(req.messages[:-1])
+    kept = without_trailing_tool_calls(stop.messages, 1)
+    assert kept[-1].content == "####STOP####" and not kept[-1].tool_calls and len(kept) == len(stop.messages)
+    assert stop.messages[-1].tool_calls  # the request is not changed
 
 
 def test_tool_output_that_the_environment_did_not_produce_is_unscored(retail_trajectories, local):

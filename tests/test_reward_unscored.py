@@ -213,3 +213,34 @@ def test_env_session_whose_own_evaluation_raises_says_so(monkeypatch):
     assert step.info["evaluation_error"] == "ValueError: Tool message expected. Got None."
     b = env_breakdown(step, step.reward)
     assert math.isnan(b.reward) and b.info.startswith("unscored: the env's evaluation raised: ValueError")
+
+
+def test_a_stop_that_also_calls_a_tool_is_scored_on_what_ran_by_env_and_reward_service(local):
+    """A policy's message with the stop token and a tool call (bin/demo-dual's policy wrote
+    "####STOP####" with create_task): tau2 ends the episode before the call runs, and its replay of
+    the trajectory raises. Both the env's own evaluation and the reward service leave the unexecuted
+    call out: the task was not done, 0.0, not an unscored (advantage 0) trajectory."""
+    from env_service.client import LocalEnvClient
+    from env_service.config import EnvServiceConfig
+
+    env = LocalEnvClient(EnvServiceConfig(domains=("mock",), reward_on_termination=True))
+    reset = env.reset(env_pb2.ResetRequest(env="mock", task_id="create_task_1", solo_mode=True))
+    action = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, content="####STOP####", tool_calls=[common_pb2.ToolCall(
+        id="c0", name="create_task", arguments_json=json.dumps({"user_id": "user_1", "title": "Important Meeting"}),
+        requestor=common_pb2.ROLE_ASSISTANT)])
+    step = env.step(env_pb2.StepRequest(session_id=reset.session_id, action=action))
+    assert step.terminated and step.termination_reason == common_pb2.TERMINATION_REASON_AGENT_STOP
+    assert not step.observation and step.reward == 0.0 and "evaluation_error" not in step.info
+    b = local.score(reward_pb2.ScoreRequest(env="mock", task_id="create_task_1", solo_mode=True,
+                                            messages=[*reset.observation, action], termination_reason=step.termination_reason))
+    assert b.reward == 0.0 and b.info.startswith("1 trailing tool call(s) never executed")
+    # the same call, executed, then the stop: the task is done
+    reset = env.reset(env_pb2.ResetRequest(env="mock", task_id="create_task_1", solo_mode=True))
+    action.content = ""
+    done = env.step(env_pb2.StepRequest(session_id=reset.session_id, action=action))
+    stop = common_pb2.Message(role=common_pb2.ROLE_ASSISTANT, content="###STOP###")
+    last = env.step(env_pb2.StepRequest(session_id=reset.session_id, action=stop, stop=True))
+    assert last.reward == 1.0
+    b = local.score(reward_pb2.ScoreRequest(env="mock", task_id="create_task_1", solo_mode=True, termination_reason=last.termination_reason,
+                                            messages=[*reset.observation, action, *done.observation, stop, *last.observation]))
+    assert b.reward == 1.0
