@@ -569,7 +569,11 @@ token ids inside the model's vocabulary, token ids / log-probs / loss mask of on
 at least 2 tokens, mask values 0 or 1 and none on the first token, finite engine log-probs on
 loss-mask tokens, no infinite reward — NaN marks an unscored rollout and is allowed); a group
 that fails goes to `<stream>:dead` with the error as its reason, acknowledged, never trained,
-and counted (`dead_lettered_groups_total` in the step metrics, `sinkflex_buffer_dead_letters`).
+and counted (`dead_lettered_groups` and `dead_lettered_groups_total` in the step metrics,
+`sinkflex_buffer_dead_letters`). A dead-lettered group counts towards its step's
+`batch.groups_per_step`: once the buffer has nothing more to deliver, the step trains on the
+groups it has instead of waiting for ones that will never come (a synchronous run's driver
+publishes exactly one step's groups).
 Trajectories longer than `batch.max_seq_len` are cut (counted), and it now defaults to the
 model's `max_position_embeddings`. A group that passes and still makes the step raise (here a
 fault injected into `Learner.train_step` for `{RAISING}`) rolls the learner back to its latest

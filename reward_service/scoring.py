@@ -473,11 +473,10 @@ def score(
         users = [i for i, m in enumerate(request.messages) if m.role == common_pb2.ROLE_USER]
         if users:
             raise invalid_argument(f"solo_mode: messages{users[:5]} are user messages; a solo episode has none")
-    messages = request.messages
+    tau2_messages = to_tau2(request.messages)  # every message checked, the unexecuted calls too
     unexecuted = unexecuted if reason in EVALUATED_STOPS else []  # other reasons: tau2 scores 0.0 without a replay
     if unexecuted:
-        messages = without_trailing_tool_calls(messages, len(unexecuted))
-    tau2_messages = to_tau2(messages)
+        tau2_messages = to_tau2(without_trailing_tool_calls(request.messages, len(unexecuted)))
 
     if reason in OWN_TERMINATION:  # tau2's rule for every reason but agent/user stop
         return _zero(None, f"Simulation terminated prematurely. Termination reason: {OWN_TERMINATION[reason]}")

@@ -62,6 +62,12 @@ def test_stop_right_after_an_unexecuted_call_is_scored_on_what_ran(retail_trajec
     kept = without_trailing_tool_calls(stop.messages, 1)
     assert kept[-1].content == "####STOP####" and not kept[-1].tool_calls and len(kept) == len(stop.messages)
     assert stop.messages[-1].tool_calls  # the request is not changed
+    # a call left out is still checked: a bad one is refused, as anywhere else
+    bad = _copy(stop)
+    bad.messages[-1].tool_calls[0].requestor = common_pb2.ROLE_TOOL
+    with pytest.raises(ServiceError, match="requestor") as err:
+        local.score(bad)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_tool_output_that_the_environment_did_not_produce_is_unscored(retail_trajectories, local):
