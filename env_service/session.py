@@ -39,7 +39,7 @@ from env_service.catalog import Domain
 from sinkflex.api.common.v1 import common_pb2
 from sinkflex.errors import ServiceError, clip, failed_precondition, invalid_argument
 from tau2_adapter import convert
-from tau2_adapter.termination import TAU2_TO_PB
+from tau2_adapter.termination import EVALUATED_STOPS, TAU2_TO_PB, without_unexecuted_tool_calls
 
 from tau2.agent.llm_agent import (
     AGENT_INSTRUCTION,
@@ -347,13 +347,12 @@ class Tau2Session:
         from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 
         run = self.simulation_run()
-        last = run.messages[-1] if run.messages else None
-        if isinstance(last, AssistantMessage) and last.tool_calls and run.termination_reason in (
-                TerminationReason.AGENT_STOP, TerminationReason.USER_STOP):
+        if run.termination_reason.value in EVALUATED_STOPS:
             # a stop that also made tool calls ended the episode before they ran: scored on what ran
-            # (as the reward service does, reward_service.scoring.without_trailing_tool_calls)
-            kept = last.model_copy(update={"tool_calls": None})
-            run.messages = [*run.messages[:-1], *([kept] if kept.content else [])]
+            run.messages, left_out = without_unexecuted_tool_calls(run.messages)
+            if left_out:
+                log.info("session %s: %d tool call(s) of the stopping message never ran, left out of the evaluation",
+                         self.session_id, left_out)
         try:
             info = evaluate_simulation(
                 simulation=run,

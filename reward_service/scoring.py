@@ -16,12 +16,13 @@ NL-assertion judge are tau2's. What this module adds:
   answers no pending call, answers out of order, or a turn taken while tool calls are
   still unanswered) -> INVALID_ARGUMENT. Unanswered tool calls are allowed only at the
   very end (an episode cut right after a tool call).
-- tool calls the environment never executed: an agent message that holds both tool calls and
+- tool calls the environment never executed: an agent's or user's message that holds both tool calls and
   the stop token ends the episode (tau2's `Orchestrator.step` checks `is_stop` first) before
   the calls run. tau2's replay of such a trajectory raises ("Tool message expected"), and
   tau2's runner drops the sample; with `validate_communication` on, tau2 ends it as
   AGENT_ERROR, reward 0. Here the trailing unanswered calls are left out of what tau2
-  evaluates (they changed nothing in the world), so the episode is scored on what did run:
+  evaluates (they changed nothing in the world; `tau2_adapter.termination.without_unexecuted_tool_calls`,
+  the rule the env service's own evaluation follows too), so the episode is scored on what did run:
   a policy cannot turn a failure into an unscored (advantage 0) trajectory this way. The
   breakdown's info starts with how many calls were left out (`UNEXECUTED_NOTE`).
 - termination reasons tau2 does not know (the rollout worker's MAX_TURNS,
@@ -74,7 +75,8 @@ from sinkflex.errors import (
     invalid_argument,
     not_found,
 )
-from tau2_adapter.termination import PB_TO_TAU2
+from tau2_adapter import termination
+from tau2_adapter.termination import PB_TO_TAU2, TAU2_TO_PB, without_unexecuted_tool_calls
 
 #: Longest reason text put into a breakdown's `info` (tau2 replay errors quote whole tool outputs).
 MAX_REASON_CHARS = 2000
@@ -391,7 +393,7 @@ def _zero(task, reason: str) -> common_pb2.RewardBreakdown:
 #: `RewardBreakdown.info` of an unscored trajectory starts with this (its `reward` is NaN).
 UNSCORED_PREFIX = "unscored: "
 #: The termination reasons tau2 evaluates by replaying the trajectory (every other one scores 0.0).
-EVALUATED_STOPS = (common_pb2.TERMINATION_REASON_AGENT_STOP, common_pb2.TERMINATION_REASON_USER_STOP)
+EVALUATED_STOPS = tuple(sorted(TAU2_TO_PB[r] for r in termination.EVALUATED_STOPS))
 #: `RewardBreakdown.info` of a trajectory scored without its trailing unexecuted tool calls starts with this.
 UNEXECUTED_NOTE = "{n} trailing tool call(s) never executed (the episode stopped first), left out of the evaluation"
 
@@ -466,7 +468,7 @@ def score(
             f"task {clip(request.task_id)} of env {clip(request.env)} has NL_ASSERTION in its reward basis, "
             "but no NL-assertion judge LLM is configured (start the service with --judge-model/--judge-base-url)"
         )
-    unexecuted = check_conversation(request.messages)
+    check_conversation(request.messages)
     if request.solo_mode:
         if not catalog.supports_solo(request.env):
             raise invalid_argument(f"solo_mode: env {clip(request.env)} does not support tau2's solo mode")
@@ -474,9 +476,9 @@ def score(
         if users:
             raise invalid_argument(f"solo_mode: messages{users[:5]} are user messages; a solo episode has none")
     tau2_messages = to_tau2(request.messages)  # every message checked, the unexecuted calls too
-    unexecuted = unexecuted if reason in EVALUATED_STOPS else []  # other reasons: tau2 scores 0.0 without a replay
-    if unexecuted:
-        tau2_messages = to_tau2(without_trailing_tool_calls(request.messages, len(unexecuted)))
+    left_out = 0
+    if reason in EVALUATED_STOPS:  # other reasons: tau2 scores 0.0 without a replay
+        tau2_messages, left_out = without_unexecuted_tool_calls(tau2_messages)
 
     if reason in OWN_TERMINATION:  # tau2's rule for every reason but agent/user stop
         return _zero(None, f"Simulation terminated prematurely. Termination reason: {OWN_TERMINATION[reason]}")
@@ -503,23 +505,10 @@ def score(
             ) from None
         return unscored(task, f"tau2 could not evaluate the trajectory: {type(err).__name__}: {err}")
     out = to_breakdown(info)
-    if unexecuted:
-        note = UNEXECUTED_NOTE.format(n=len(unexecuted))
+    if left_out:
+        note = UNEXECUTED_NOTE.format(n=left_out)
         out.info = _reason(f"{note}; {out.info}" if out.info else note)
     return out
-
-
-def without_trailing_tool_calls(messages: Sequence[common_pb2.Message], unanswered: int) -> list[common_pb2.Message]:
-    """`messages` (a copy) without the `unanswered` last tool calls of the last message that made
-    calls: the trailing unanswered calls `check_conversation` returned (tool answers come in call
-    order, so the unanswered ones are that message's last), which the environment never executed.
-    That message keeps its content and any answered calls; left with neither, it is dropped
-    (tau2 refuses an empty message)."""
-    i = max(j for j, m in enumerate(messages) if m.role != common_pb2.ROLE_TOOL and m.tool_calls)
-    msg = common_pb2.Message()
-    msg.CopyFrom(messages[i])
-    del msg.tool_calls[len(msg.tool_calls) - unanswered:]
-    return [*messages[:i], *([msg] if msg.content or msg.tool_calls else []), *messages[i + 1:]]
 
 
 def batch_item(

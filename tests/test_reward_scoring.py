@@ -43,7 +43,8 @@ def test_stop_right_after_an_unexecuted_call_is_scored_on_what_ran(retail_trajec
     """A stop whose message also makes a tool call ends the episode before the call runs (tau2's
     `Orchestrator.step`); tau2's replay of it raises ("Tool message expected"). The call changed
     nothing, so it is left out and the rest is scored: here the return never happened, DB fails, 0.0."""
-    from reward_service.scoring import without_trailing_tool_calls
+    from reward_service.scoring import to_tau2
+    from tau2_adapter.termination import without_unexecuted_tool_calls
 
     req = _copy(retail_trajectories["max_steps_after_call"].request,
                 termination_reason=common_pb2.TERMINATION_REASON_AGENT_STOP)
@@ -58,9 +59,11 @@ def test_stop_right_after_an_unexecuted_call_is_scored_on_what_ran(retail_trajec
     stop.messages[-1].content = "####STOP####"
     assert local.score(stop) == b
     # what tau2 evaluates: the conversation without the call (a message left empty is dropped)
-    assert list(without_trailing_tool_calls(req.messages, 1)) == list(req.messages[:-1])
-    kept = without_trailing_tool_calls(stop.messages, 1)
-    assert kept[-1].content == "####STOP####" and not kept[-1].tool_calls and len(kept) == len(stop.messages)
+    messages = to_tau2(req.messages)
+    assert without_unexecuted_tool_calls(messages) == (messages[:-1], 1)
+    kept, left_out = without_unexecuted_tool_calls(to_tau2(stop.messages))
+    assert left_out == 1 and kept[-1].content == "####STOP####" and not kept[-1].tool_calls
+    assert len(kept) == len(stop.messages)
     assert stop.messages[-1].tool_calls  # the request is not changed
     # a call left out is still checked: a bad one is refused, as anywhere else
     bad = _copy(stop)
