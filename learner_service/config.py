@@ -128,7 +128,8 @@ class OptimConfig(StrictModel):
     argument beyond warmup_steps and total_steps)."""
     warmup_steps: int = Field(0, ge=0)
     total_steps: int = Field(1000, ge=1)
-    """Optimiser steps the schedule spans (linear/cosine decay)."""
+    """Optimiser steps the schedule spans (linear/cosine decay). `sinkflex-rl train` sets it to
+    run.steps × grpo.ppo_epochs × grpo.mini_batches unless the section writes it."""
 
 
 class BatchConfig(StrictModel):

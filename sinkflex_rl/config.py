@@ -31,7 +31,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import Field, PrivateAttr, ValidationError, field_serializer, field_validator, model_validator
 
 from env_service.config import EnvServiceConfig
-from learner_service.config import LearnerConfig, SFTConfig
+from learner_service.config import GRPOConfig, LearnerConfig, SFTConfig
 from reward_service.config import RewardServiceConfig
 from rollout_service.config import RolloutConfig
 from sinkflex.config import ConfigError, StrictModel, describe_errors, load_config, located, merge_dicts
@@ -570,6 +570,21 @@ def _derived_written(section: str, data: dict[str, Any], env: str) -> list[dict[
     return errors
 
 
+def optimizer_steps(cfg: "TrainConfig") -> int:
+    """The optimiser steps of the run's RL: run.steps × grpo.ppo_epochs × grpo.mini_batches (as
+    learner_service sets them), the default of learner_service.optim.total_steps, so that a
+    linear or cosine schedule spans the whole run and not its first 1 / (epochs × mini-batches)."""
+    written = cfg.section("learner_service").get("grpo")
+    written = written if isinstance(written, dict) else {}
+
+    def count(name: str) -> int:  # a bad value is reported by the section's validation, not here
+        value = written.get(name)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        return value if ok else GRPOConfig.model_fields[name].default
+
+    return cfg.run.steps * count("ppo_epochs") * count("mini_batches")
+
+
 def weight_updates(max_staleness: int) -> str:
     """The rollout service's `weight_updates` for rollout.max_staleness: between_requests when
     synchronous (0), between_turns when asynchronous."""
@@ -638,7 +653,7 @@ def service_configs(cfg: TrainConfig, policy_dir: str, addresses: dict[str, str]
             "grpo": {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p, "top_k": cfg.rollout.top_k},
             "batch": {"groups_per_step": cfg.task.tasks_per_step},
             "buffer": {"url": redis_url},
-            "optim": {"total_steps": cfg.run.steps},
+            "optim": {"total_steps": optimizer_steps(cfg)},
             "rollout_address": addresses["rollout"],
             "max_staleness": cfg.rollout.max_staleness,
             "publish_every": 1,

@@ -33,6 +33,33 @@ def test_max_staleness_reaches_the_learner_and_the_rollout_service():
     assert out["learner_service"].max_staleness == 2 and out["rollout_service"].weight_updates == "between_turns"
 
 
+def test_the_lr_schedule_spans_every_optimizer_step_of_the_run():
+    """optim.total_steps counts optimiser steps: run.steps x ppo_epochs x mini_batches, so that a
+    linear schedule reaches 0 at the last RL step (with total_steps = run.steps it reached 0
+    after run.steps / (epochs x mini-batches) RL steps and the rest trained at lr 0)."""
+    from transformers import get_scheduler
+    import torch
+
+    over = ["run.steps=10", "learner_service.grpo.mini_batches=2", "learner_service.grpo.ppo_epochs=3",
+            "learner_service.optim.scheduler=linear"]
+    cfg = load_train_config(ROOT / "configs" / "demo-dual.yaml", over)
+    optim = service_configs(cfg, "/m", ADDRS, "redis://x", None)["learner_service"].optim
+    assert optim.total_steps == cfg.learner_service.optim.total_steps == 60
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=optim.lr)
+    sched = get_scheduler(optim.scheduler, opt, num_warmup_steps=0, num_training_steps=optim.total_steps)
+    lrs = []
+    for _ in range(60):  # the learner's order: optimizer.step() then scheduler.step()
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[0] == optim.lr and lrs[6 * 5] == pytest.approx(optim.lr / 2) and lrs[-1] > 0  # RL step 10's are > 0
+    # written in the section, it is the section's
+    cfg = load_train_config(ROOT / "configs" / "demo-dual.yaml", over + ["learner_service.optim.total_steps=7"])
+    assert service_configs(cfg, "/m", ADDRS, "redis://x", None)["learner_service"].optim.total_steps == 7
+    # without epochs or mini-batches written: one optimiser step per RL step
+    assert load_train_config(ROOT / "configs" / "demo.yaml").learner_service.optim.total_steps == 8
+
+
 def _write(tmp_path, data):
     path = tmp_path / "x.yaml"
     path.write_text(yaml.safe_dump(merge_dicts(yaml.safe_load((ROOT / "configs/demo.yaml").read_text()), data)))
