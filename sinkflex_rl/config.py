@@ -24,6 +24,7 @@ the sections as written, so a dumped experiment loads back to the same experimen
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Literal, Optional, Union
@@ -121,6 +122,11 @@ class TaskConfig(StrictModel):
     shuffle. stratified: the same shuffle dealt round-robin across the tasks' τ²-Bench
     ``description.purpose`` (ListTasks' description), so that every block covers the kinds
     of task as evenly as their counts allow (`sinkflex_rl.controller.stratified_order`)."""
+    warm_start_tasks_last: bool = True
+    """With a warm start: RL takes the train tasks the warm start did not demonstrate first and
+    the demonstrated ones (`warm_start_task_ids`) last, each part in the order above, so its
+    first steps do not sample tasks whose golden dialogues the policy was just fine-tuned on.
+    False: the order above alone (the warm-start tasks come first, as they are its first N)."""
     solo_mode: bool = False
     """The agent acts alone (no user simulator), where the environment supports it."""
     task_files: list[str] = []
@@ -583,6 +589,20 @@ def optimizer_steps(cfg: "TrainConfig") -> int:
         return value if ok else GRPOConfig.model_fields[name].default
 
     return cfg.run.steps * count("ppo_epochs") * count("mini_batches")
+
+
+def warm_start_task_ids(cfg: "TrainConfig", train_ids: Sequence[str]) -> list[str]:
+    """The tasks the warm start demonstrates: the first `warm_start.tasks` (all of them when 0) of
+    `train_ids` (task.task_ids, or the train split in the env's listing order) after the run's
+    seeded shuffle (`random.Random(run.seed).shuffle`, the shuffle of the RL order too); [] when
+    the warm start is off. `sinkflex_rl.local.write_demonstrations_for` builds these; the RL order
+    (`Controller.train_tasks`) puts them last with task.warm_start_tasks_last."""
+    if not cfg.warm_start.enabled:
+        return []
+    ids = list(train_ids)
+    random.Random(cfg.run.seed).shuffle(ids)
+    n = cfg.warm_start.tasks
+    return ids[:n] if n else ids
 
 
 def weight_updates(max_staleness: int) -> str:

@@ -84,7 +84,7 @@ from sinkflex.reporting import (
 )
 from sinkflex.retry import poll_until
 from sinkflex_rl.clients import Addresses, ServiceClients
-from sinkflex_rl.config import TrainConfig, launch_inputs
+from sinkflex_rl.config import TrainConfig, launch_inputs, warm_start_task_ids
 
 __all__ = ["Addresses", "Controller", "ServiceClients", "paired_difference", "per_purpose", "read_validations",
            "stratified_order", "validation_dir"]  # Addresses, ServiceClients: from sinkflex_rl.clients
@@ -196,7 +196,9 @@ class Controller:
                               f"{str(details)[:500]}") from None
 
     def train_tasks(self) -> list[str]:
-        """The train tasks in RL order (task.order): a seeded shuffle, optionally stratified."""
+        """The train tasks in RL order (task.order): a seeded shuffle, optionally stratified; with
+        task.warm_start_tasks_last the warm start's demonstrated tasks (`warm_start_task_ids`)
+        follow all the others. `step_tasks` cycles through it in blocks of task.tasks_per_step."""
         t = self.cfg.task
         listed: dict[str, str] = {}
         if not t.task_ids or t.order == "stratified":
@@ -204,10 +206,12 @@ class Controller:
         ids = list(t.task_ids or listed)
         if not ids:
             raise ValueError(f"no tasks in split {t.train_split!r} of env {t.env!r}")
+        demonstrated = set(warm_start_task_ids(self.cfg, ids)) if t.warm_start_tasks_last else set()
         random.Random(self.cfg.run.seed).shuffle(ids)
+        parts = [[i for i in ids if i not in demonstrated], [i for i in ids if i in demonstrated]]
         if t.order == "stratified":
-            ids = stratified_order(ids, {i: listed.get(i, "") for i in ids})
-        return ids
+            parts = [stratified_order(part, {i: listed.get(i, "") for i in part}) for part in parts]
+        return parts[0] + parts[1]
 
     def eval_tasks(self) -> list[str]:
         """The first validation.num_tasks tasks of the eval split (all when 0); remembers each one's

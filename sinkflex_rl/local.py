@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -337,6 +336,7 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
     from env_service.client import GrpcEnvClient
     from learner_service.sft import write_demonstrations
     from reward_service.client import GrpcRewardClient
+    from sinkflex_rl.config import warm_start_task_ids
     from sinkflex_rl.warm_start import build_demonstrations
     from tau2_adapter.generate_dual import PREFIX as DUAL_PREFIX
     from tau2_adapter.generate_dual import golden_agent_turns
@@ -344,11 +344,9 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
 
     t, w = cfg.task, cfg.warm_start
     task_set = domain_tasks(t.env, task_files)
-    ids = list(t.task_ids or task_set.splits.get(t.train_split, []))
+    ids = warm_start_task_ids(cfg, t.task_ids or task_set.splits.get(t.train_split, []))
     if not ids:
         raise ValueError(f"warm start: no tasks in split {t.train_split!r} of env {t.env!r}")
-    random.Random(cfg.run.seed).shuffle(ids)
-    ids = ids[: w.tasks] if w.tasks else ids
     tokenizer = AutoTokenizer.from_pretrained(policy)
     rs = cfg.rollout
     with GrpcEnvClient(addresses["env"]) as env, GrpcRewardClient(addresses["reward"]) as reward:

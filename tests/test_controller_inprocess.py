@@ -187,7 +187,7 @@ class FakeRunner:
 
 
 def _controller(tmp_path, env_core, catalog, task_set, steps: int, max_staleness: int = 0, task_dir: str | None = None,
-                base_trials: int | None = None, base_num_tasks: int | None = None):
+                base_trials: int | None = None, base_num_tasks: int | None = None, **sections):
     from sinkflex_rl.clients import connect
     from sinkflex_rl.config import TrainConfig
     from sinkflex_rl.controller import Controller
@@ -204,7 +204,7 @@ def _controller(tmp_path, env_core, catalog, task_set, steps: int, max_staleness
         "validation": {"every_steps": steps, "num_tasks": 0, "trials": 2, "base_trials": base_trials,
                        "base_num_tasks": base_num_tasks},
         "models": {"user_simulator": None},
-    }, TrainConfig)
+    } | sections, TrainConfig)
     rollout = ScriptedRollout(LocalEnvClient(core=env_core), LocalRewardClient(catalog), task_set.tasks)
     runner = FakeRunner(rollout, cfg.task.tasks_per_step, tmp_path / "run" / "learner")
     rollout.sink = runner.put
@@ -421,6 +421,41 @@ def test_train_records_the_driver_missed_are_recovered_from_the_learners():
                                                                                  "recovered": 1})]
     assert recovered_train_records(driver, learner, v0=1, done_steps=1) == []
     assert recovered_train_records(driver, [], v0=0, done_steps=3) == [(2, {"recovered": 1}), (3, {"recovered": 1})]
+
+
+@pytest.mark.parametrize("order", ["shuffled", "stratified"])
+def test_rl_takes_the_tasks_the_warm_start_did_not_demonstrate_first(tmp_path, env_core, catalog, task_set, order):
+    """task.warm_start_tasks_last: the 2 train tasks (of 4) the warm start demonstrates are the ones
+    `write_demonstrations_for` builds (the first 2 of the seeded shuffle) and come last in the RL
+    order, so RL step 1 (2 tasks a step) samples the 2 it was not fine-tuned on; off, RL step 1
+    is the warm start's tasks. Stratified: each part covers both of its families' tasks in turn."""
+    import random
+
+    from sinkflex_rl.config import warm_start_task_ids
+
+    train_ids = task_set.splits["train"]
+    shuffled = list(train_ids)
+    random.Random(0).shuffle(shuffled)
+    orders = {}
+    for last in (True, False):
+        ctl, _, _ = _controller(tmp_path, env_core, catalog, task_set, 2, task={
+            "env": "mock", "train_split": "train", "eval_split": "test", "tasks_per_step": 2, "order": order,
+            "solo_mode": True, "warm_start_tasks_last": last}, warm_start={"enabled": True, "tasks": 2})
+        try:
+            demonstrated = warm_start_task_ids(ctl.cfg, train_ids)
+            orders[last] = ctl.train_tasks()
+        finally:
+            ctl.close()
+        assert demonstrated == shuffled[:2]
+    assert sorted(orders[True]) == sorted(orders[False]) == sorted(train_ids)
+    assert set(orders[True][:2]) == set(shuffled[2:]) and set(orders[True][2:]) == set(demonstrated)
+    assert set(orders[False][:2]) == set(demonstrated)  # without it RL step 1 repeats the warm start's tasks
+    if order == "shuffled":
+        assert orders[True] == shuffled[2:] + shuffled[:2] and orders[False] == shuffled
+    cfg_off = ctl.cfg.model_copy(update={"warm_start": ctl.cfg.warm_start.model_copy(update={"enabled": False})})
+    assert warm_start_task_ids(cfg_off, train_ids) == []
+    cfg_all = ctl.cfg.model_copy(update={"warm_start": ctl.cfg.warm_start.model_copy(update={"tasks": 0})})
+    assert warm_start_task_ids(cfg_all, train_ids) == shuffled  # 0: every train task
 
 
 def test_base_validation_takes_base_trials_samples_of_base_num_tasks(tmp_path, env_core, catalog, task_set, task_dir):
