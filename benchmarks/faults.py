@@ -79,7 +79,8 @@ MID_ROLLOUT_DELAY_S = 1.0
 
 
 def tiny_config(run_dir: Path, policy: str, steps: int = 3, user_sim: bool = False) -> dict:
-    """The smallest train that exercises every service (tests/test_train_e2e.py's settings, no validation).
+    """The smallest train that exercises every service: two mock-domain tasks in solo mode, 2 samples
+    of at most 2 turns a step, no warm start, no validation.
 
     user_sim: τ²-Bench's dual-control mode with the policy model as the user simulator (its own
     local vLLM server, `user_sim` in pids.json) instead of solo mode.
