@@ -127,6 +127,7 @@ def run(args) -> dict:
     from env_service.config import EnvServiceConfig
     from env_service.replay import replay_dialogue
     from sinkflex.api.common.v1 import common_pb2
+    from rollout_service.engine import resolve_engine_dtype
     from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs("ERROR")
@@ -143,7 +144,7 @@ def run(args) -> dict:
         model = args.model or str(prepare_model("smollm2"))
         port = args.port
         server = start_vllm_server(model, port=port, served_model_name=served, kv_cache_gib=1.0, max_model_len=4096,
-                                   log_path=args.vllm_log)
+                                   log_path=args.vllm_log, dtype=args.dtype)
         base_url = f"http://127.0.0.1:{port}/v1"
     start_s = time.monotonic() - t0
     try:
@@ -174,7 +175,8 @@ def run(args) -> dict:
     return {
         "user_simulator": score(dialogues, {t.id: t for t in tasks}),
         "settings": {"model": args.model or ("smollm2 (sinkflex.models.prepare_model)" if args.base_url is None else served),
-                     "base_url": args.base_url, "temperature": args.temperature, "max_tokens": args.max_tokens,
+                     "base_url": args.base_url, "dtype": None if args.base_url else resolve_engine_dtype(args.dtype),
+                     "temperature": args.temperature, "max_tokens": args.max_tokens,
                      "tasks": len(tasks), "split": "test (held-out pools)", "seed": args.seed, "concurrency": args.concurrency,
                      "families": sorted({family_of(t.id) for t in tasks}),
                      "golden_agent_max_questions": GoldenAgent("ask_create").max_questions},
@@ -226,6 +228,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--vllm-log", default=None)
+    p.add_argument("--dtype", default="auto",
+                   help="vLLM --dtype of the server it starts (auto: the rollout engine's rule, resolve_engine_dtype)")
     p.add_argument("--out", default="docs/results/dual/user_sim_fidelity_smollm2", help="OUT.json and OUT.md")
     p.add_argument("--title", default="User-simulator fidelity: SmolLM2-135M-Instruct")
     p.add_argument("--rescore", default=None, help="re-score the dialogues of an OUT.json (same --tasks/--seed)")

@@ -124,7 +124,10 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
             raise ValueError(f"{source}: models.user_simulator is not set (solo mode needs no user simulator)")
         model = resolve_policy(model)
         _cpu_settings(service, cfg, environ)
-        return [*COMMANDS[service], model, "--seed", str(cfg.run.seed)], None
+        from rollout_service.engine import resolve_engine_dtype
+
+        return [*COMMANDS[service], model, "--dtype", resolve_engine_dtype(cfg.local.user_sim_dtype),
+                "--seed", str(cfg.run.seed)], None
     task_files, demonstrations = prepared_inputs(cfg)
     if service == "train":
         data["services"] = {**data["services"], **{f"{k}_address": v for k, v in addresses.items()}, "redis_url": redis_url}

@@ -28,7 +28,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from rollout_service.engine import Engine, Sampling
+from rollout_service.engine import Engine, Sampling, resolve_engine_dtype
 from sinkflex.chat_endpoint import ChatEndpoint, ChatReply
 from sinkflex.retry import poll_until
 
@@ -102,11 +102,14 @@ class UserSimServer:
 def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: str = "smollm2",
                       host: str = "127.0.0.1", kv_cache_gib: float = 1.0, max_model_len: int = 8192,
                       timeout: float = 600.0, log_path: str | Path | None = None,
-                      env: dict[str, str] | None = None) -> subprocess.Popen:
+                      env: dict[str, str] | None = None, dtype: str = "auto") -> subprocess.Popen:
     """Starts vLLM's OpenAI server (what `vllm serve` runs) as a child process and waits until
     GET /v1/models answers. litellm: model "openai/<served_model_name>", api_base
     http://HOST:PORT/v1. `env`: variables set for the server on top of this process's
     (e.g. the launcher's ``VLLM_CPU_OMP_THREADS_BIND``, the core its OpenMP threads use).
+    `dtype`: vLLM's --dtype, ``auto`` resolved by the rollout engine's rule
+    (`rollout_service.engine.resolve_engine_dtype`: bfloat16 on CPUs with fast bf16, float32 on
+    other CPUs, vLLM's auto on CUDA), as the local launcher's user simulator.
 
     Raises:
         RuntimeError: the server exited or did not answer within `timeout` seconds.
@@ -114,7 +117,7 @@ def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: st
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", served_model_name, "--host", host, "--port", str(port),
            "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(int(kv_cache_gib * (1 << 30))),
-           "--enforce-eager", "--disable-log-stats"]
+           "--dtype", resolve_engine_dtype(dtype), "--enforce-eager", "--disable-log-stats"]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                             start_new_session=True)

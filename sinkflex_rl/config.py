@@ -354,6 +354,14 @@ class LocalConfig(StrictModel):
     """vLLM's gpu_memory_utilization with `share_gpus` (its start-up check of free memory; the
     KV cache is sized by kv_cache_gib / user_sim_kv_cache_gib either way)."""
     user_sim_kv_cache_gib: float = Field(1.0, gt=0)
+    """KV-cache memory of the user-simulator model server in GiB (vLLM's --kv-cache-memory-bytes)."""
+    user_sim_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """vLLM's --dtype of the user-simulator model server (the local launcher's and the container's
+    `sinkflex-service user-sim`). auto: the rollout engine's rule
+    (`rollout_service.engine.resolve_engine_dtype`): bfloat16 on a CPU where a bf16 matmul is
+    measured fast, float32 on other CPUs, vLLM's own auto on CUDA. vLLM CPU's own default is
+    bfloat16 on every CPU, emulated (and several times slower: docs/results/dual/) where the
+    CPU has no avx512_bf16 or AMX."""
     engine_cpu_threads_bind: Optional[str] = Field(None, min_length=1)
     """The CPU rollout engine's cores (vLLM's VLLM_CPU_OMP_THREADS_BIND; ignored on GPUs). None
     (the default): "all" in a synchronous run (rollout.max_staleness 0: the engine generates

@@ -134,6 +134,8 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     specs = []
     user_base_url = None
     if cfg.launches_user_sim():
+        from rollout_service.engine import resolve_engine_dtype
+
         user_model = _model(cfg, "user_simulator")
         user_base_url = f"http://127.0.0.1:{ports['user_sim']}/v1"
         gpu_args = []
@@ -146,6 +148,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", user_model,
              "--served-model-name", "user-sim", "--host", "127.0.0.1", "--port", str(ports["user_sim"]),
              "--kv-cache-memory-bytes", str(int(cfg.local.user_sim_kv_cache_gib * (1 << 30))),
+             "--dtype", resolve_engine_dtype(cfg.local.user_sim_dtype),
              "--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed), *gpu_args],
             health=f"http:{user_base_url}/models",
             # vLLM CPU binds its OpenMP threads to core 0 by default; the policy engine keeps

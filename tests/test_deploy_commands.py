@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rollout_service.engine import resolve_engine_dtype
+
 from tests.fixtures.deploy import (
     COMPOSE,
     DOCKER,
@@ -94,7 +96,10 @@ def test_service_configs_are_the_launchers_with_the_deployment_addresses(script,
     assert train.run.output_dir == "/data/run" and train.rollout.group_size == 4
 
     argv, path = script.derive("user-sim", environ)
-    assert argv == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", policy, "--seed", "0"]
+    # the engine's dtype rule (vLLM CPU's own default is bf16 on every CPU, emulated where it is slow)
+    assert argv == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", policy,
+                    "--dtype", resolve_engine_dtype("auto"), "--seed", "0"]
+    assert resolve_engine_dtype("auto") in ("bfloat16", "float32")  # no GPU here
     assert path is None
 
 

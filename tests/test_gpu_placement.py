@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rollout_service.engine import resolve_engine_dtype
 from sinkflex_rl.config import LocalConfig, load_train_config
 from sinkflex_rl.local import OFFLINE
 from sinkflex_rl.placement import Placement, place, visible_gpus
@@ -180,8 +181,9 @@ def test_launcher_refuses_before_starting_anything(monkeypatch, tmp_path):
 def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     """No GPU visible (CUDA_VISIBLE_DEVICES unset, no nvidia-smi on PATH, as on this machine):
     exactly the commands and environments the launcher built before placement existed (the
-    rollout engine's CPU core binding, `local.engine_cpu_threads_bind`, and the learner's malloc
-    settings, `local.learner_glibc_tunables`, aside)."""
+    rollout engine's CPU core binding, `local.engine_cpu_threads_bind`, the learner's malloc
+    settings, `local.learner_glibc_tunables`, and the user simulator's --dtype,
+    `local.user_sim_dtype`, aside)."""
     from sinkflex_rl.local import engine_cpu_env, learner_cpu_env
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -205,7 +207,8 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     if config == "retail.yaml":
         sim = specs["user_sim"]
         assert sim.env == {"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1)), **OFFLINE}
-        assert sim.argv[-4:] == ["--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed)]
+        assert sim.argv[-6:] == ["--dtype", resolve_engine_dtype("auto"), "--enforce-eager", "--disable-log-stats",
+                                 "--seed", str(cfg.run.seed)]
         assert "--tensor-parallel-size" not in sim.argv and "--gpu-memory-utilization" not in sim.argv
     else:
         assert "user_sim" not in specs
@@ -337,3 +340,20 @@ def test_cpu_learner_glibc_tunables():
         assert out.returncode == 0, out.stderr[-2000:]
         faults[name] = int(out.stdout.split()[-1])
     assert faults["default"] > 10 * 6000 and faults["tuned"] < 1000, faults  # 8192 pages of 4 KiB each time
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float32", "bfloat16"])
+def test_user_simulator_server_dtype(monkeypatch, tmp_path, dtype):
+    """The user simulator's vLLM server gets `local.user_sim_dtype` as --dtype, auto resolved by the
+    rollout engine's rule on this CPU (vLLM CPU's own default, bf16 on every CPU, is left to no one)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _, specs, rollout = _launch(monkeypatch, tmp_path, "retail.yaml", [f"local.user_sim_dtype={dtype}"], visible=[])
+    argv = specs["user_sim"].argv
+    want = resolve_engine_dtype(dtype)
+    assert want in ("bfloat16", "float32") and argv[argv.index("--dtype") + 1] == want
+    assert rollout["engine"]["dtype"] == "auto"  # the policy engine's own setting is its own
+
+
+def test_user_simulator_dtype_refuses_an_unknown_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"local.user_sim_dtype"):
+        load_train_config(ROOT / "configs" / "retail.yaml", [f"run.output_dir={tmp_path}", "local.user_sim_dtype=fp8"])
