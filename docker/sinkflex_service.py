@@ -125,8 +125,10 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
         model = resolve_policy(model)
         _cpu_settings(service, cfg, environ)
         from rollout_service.engine import resolve_engine_dtype
+        from sinkflex_rl.placement import visible_gpus
 
-        return [*COMMANDS[service], model, "--dtype", resolve_engine_dtype(cfg.local.user_sim_dtype),
+        dtype = resolve_engine_dtype(cfg.local.user_sim_dtype, cuda=bool(visible_gpus(environ)))
+        return [*COMMANDS[service], model, "--dtype", dtype,
                 "--seed", str(cfg.run.seed)], None
     task_files, demonstrations = prepared_inputs(cfg)
     if service == "train":

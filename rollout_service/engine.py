@@ -79,19 +79,24 @@ class Generation:
         return self.finish_reason == "length"
 
 
-def resolve_engine_dtype(dtype: str) -> str:
+def resolve_engine_dtype(dtype: str, cuda: bool | None = None) -> str:
     """``auto`` → on CUDA vLLM's own auto (the checkpoint's dtype); on CPU bfloat16 where a bf16
     matmul is measured clearly faster than fp32 (`sinkflex.hardware.bf16_verdict`: AMX, AMD's
-    avx512_bf16), float32 elsewhere (logged with the reason). Other names pass through."""
+    avx512_bf16), float32 elsewhere (logged with the reason). Other names pass through.
+    `cuda`: whether the engine runs on CUDA; None: whether this process sees a GPU
+    (``torch.cuda.is_available()``), for a caller that starts the engine in another process
+    with other devices (the launcher's placement)."""
     if dtype != "auto":
         return dtype
-    try:
-        import torch
+    if cuda is None:
+        try:
+            import torch
 
-        if torch.cuda.is_available():
-            return "auto"
-    except ImportError:
-        pass
+            cuda = torch.cuda.is_available()
+        except ImportError:
+            cuda = False
+    if cuda:
+        return "auto"
     fast, why = bf16_verdict()
     log.info("engine dtype auto on CPU: %s (%s)", "bfloat16" if fast else "float32", why)
     return "bfloat16" if fast else "float32"

@@ -148,7 +148,7 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", user_model,
              "--served-model-name", "user-sim", "--host", "127.0.0.1", "--port", str(ports["user_sim"]),
              "--kv-cache-memory-bytes", str(int(cfg.local.user_sim_kv_cache_gib * (1 << 30))),
-             "--dtype", resolve_engine_dtype(cfg.local.user_sim_dtype),
+             "--dtype", resolve_engine_dtype(cfg.local.user_sim_dtype, cuda=placement.on_gpus),
              "--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed), *gpu_args],
             health=f"http:{user_base_url}/models",
             # vLLM CPU binds its OpenMP threads to core 0 by default; the policy engine keeps

@@ -357,3 +357,14 @@ def test_user_simulator_server_dtype(monkeypatch, tmp_path, dtype):
 def test_user_simulator_dtype_refuses_an_unknown_name(tmp_path):
     with pytest.raises(ConfigError, match=r"local.user_sim_dtype"):
         load_train_config(ROOT / "configs" / "retail.yaml", [f"run.output_dir={tmp_path}", "local.user_sim_dtype=fp8"])
+
+
+def test_user_simulator_server_dtype_follows_the_placement_not_the_launcher(monkeypatch, tmp_path):
+    """auto resolves for where the server runs: vLLM's own auto on the GPUs placed for it, the CPU
+    rule when the run's GPUs are hidden (`local.gpus: []`) whatever the launcher's process sees."""
+    _, specs, _ = _launch(monkeypatch, tmp_path / "gpu", "retail.yaml", visible=EIGHT)
+    argv = specs["user_sim"].argv
+    assert argv[argv.index("--dtype") + 1] == "auto"
+    _, specs, _ = _launch(monkeypatch, tmp_path / "cpu", "retail.yaml", visible=[])
+    argv = specs["user_sim"].argv
+    assert argv[argv.index("--dtype") + 1] == resolve_engine_dtype("auto", cuda=False)
