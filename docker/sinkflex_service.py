@@ -103,6 +103,9 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
     VLLM_CPU_NUM_OF_RESERVED_CPU; vLLM's own default reserves a core, half of a 2-core machine),
     the user simulator's core (the last one), the learner's GLIBC_TUNABLES
     (`local.learner_glibc_tunables`).
+    The user simulator's command carries `--dtype`: `local.user_sim_dtype`, auto resolved as the
+    launcher resolves it (vLLM's auto with a visible GPU, else the engine's CPU rule,
+    `rollout_service.engine.resolve_engine_dtype`).
 
     Raises:
         sinkflex.config.ConfigError: the experiment or a derived service config is invalid.
