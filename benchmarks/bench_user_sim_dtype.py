@@ -37,16 +37,16 @@ MODES = ("bfloat16", "float32")
 
 
 def cpu_facts() -> dict:
-    from sinkflex.hardware import bf16_matmul_speedup, bf16_verdict
+    from sinkflex.hardware import _cpu_flags, bf16_matmul_speedup, bf16_verdict
 
-    first: dict[str, str] = {}  # the first processor's block of /proc/cpuinfo
+    first: dict[str, str] = {}  # the first processor's block of /proc/cpuinfo (its name and model)
     with open("/proc/cpuinfo") as f:
         for line in f:
             if not line.strip():
                 break
             key, _, value = line.partition(":")
             first[key.strip()] = value.strip()
-    flags = first.get("flags", "").split()
+    flags = _cpu_flags()
     model = f"{first.get('model name', 'unknown')} (family {first.get('cpu family', '?')} model {first.get('model', '?')})"
     fast, why = bf16_verdict()
     return {"cpu": model, "cpus": os.cpu_count(), "avx512f": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags,

@@ -349,7 +349,7 @@ def test_user_simulator_server_dtype(monkeypatch, tmp_path, dtype):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _, specs, rollout = _launch(monkeypatch, tmp_path, "retail.yaml", [f"local.user_sim_dtype={dtype}"], visible=[])
     argv = specs["user_sim"].argv
-    want = resolve_engine_dtype(dtype)
+    want = resolve_engine_dtype(dtype, cuda=False)
     assert want in ("bfloat16", "float32") and argv[argv.index("--dtype") + 1] == want
     assert rollout["engine"]["dtype"] == "auto"  # the policy engine's own setting is its own
 
