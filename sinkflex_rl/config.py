@@ -366,12 +366,21 @@ class LocalConfig(StrictModel):
     """The CPU rollout engine's cores (vLLM's VLLM_CPU_OMP_THREADS_BIND; ignored on GPUs). None
     (the default): "all" in a synchronous run (rollout.max_staleness 0: the engine generates
     while the learner waits), "auto" in an asynchronous one (both run at once). "all": every core
-    of this process's affinity, none reserved for vLLM's scheduler, less the last core when a
-    local user simulator runs (it is bound there), at niceness 10 (`sinkflex_rl.local.ENGINE_NICE`:
-    the warm start's learner, which trains while the base model is validated, keeps its share
-    of the cores; measured: docs/usage.md, "CPU process settings"). "auto": vLLM's default (one
-    core per NUMA node reserved for its scheduler). Anything else is passed as it is ("nobind",
-    "0-3", "0,2")."""
+    of this process's affinity, none reserved for vLLM's scheduler (less the last core when the
+    user simulator is bound there alone, `user_sim_cpu_threads_bind` "last"), at niceness 10
+    (`sinkflex_rl.local.ENGINE_NICE`: the warm start's learner, which trains while the base model
+    is validated, keeps its share of the cores; measured: docs/usage.md, "CPU process settings").
+    "auto": vLLM's default (one core per NUMA node reserved for its scheduler). Anything else is
+    passed as it is ("nobind", "0-3", "0,2")."""
+    user_sim_cpu_threads_bind: Optional[str] = Field(None, min_length=1)
+    """The CPU cores of the local user simulator's vLLM server (VLLM_CPU_OMP_THREADS_BIND; ignored
+    on GPUs and when the run launches no user simulator). None (the default): "all" in a
+    synchronous run, "last" in an asynchronous one (where the learner computes beside both).
+    "all": every core of this process's affinity, shared with the rollout engine (in a dialogue
+    the two take turns: the user answers while the agent waits for it, and the other way round),
+    at niceness 10 like the engine. "last": the last core alone, which an "all" engine then
+    leaves out. Anything else is passed as it is ("1", "0-3"). Measured on the dual demo's
+    episodes: docs/usage.md, "CPU process settings"."""
     ready_timeout_s: float = Field(600.0, gt=0)
     learner_glibc_tunables: Optional[str] = Field(LEARNER_GLIBC_TUNABLES, pattern=r"^glibc\.[a-z_.]+=[^:=\s]+(:glibc\.[a-z_.]+=[^:=\s]+)*$")
     """GLIBC_TUNABLES of the local learner processes on CPU (glibc's malloc settings, read at
@@ -402,7 +411,7 @@ class LocalConfig(StrictModel):
                 raise ValueError(f"a GPU id is a CUDA device index (0, 1, ...) or a UUID string, not {g!r}")
         return v
 
-    @field_validator("engine_cpu_threads_bind", mode="before")
+    @field_validator("engine_cpu_threads_bind", "user_sim_cpu_threads_bind", mode="before")
     @classmethod
     def _core_id_as_text(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v  # YAML reads "0" as a number

@@ -133,8 +133,10 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
     check_task_selection(cfg, task_files, train=learner)  # before anything starts: a typo'd split fails now
     specs = []
     user_base_url = None
+    engine_bind, user_sim_bind = cpu_binds(cfg)
     if cfg.launches_user_sim():
         from rollout_service.engine import resolve_engine_dtype
+        from rollout_service.user_sim import user_sim_server_argv
 
         user_model = _model(cfg, "user_simulator")
         user_base_url = f"http://127.0.0.1:{ports['user_sim']}/v1"
@@ -145,15 +147,12 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
                 gpu_args += ["--gpu-memory-utilization", str(placement.gpu_memory_utilization)]
         specs.append(ManagedProcess(
             "user_sim",
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", user_model,
-             "--served-model-name", "user-sim", "--host", "127.0.0.1", "--port", str(ports["user_sim"]),
-             "--kv-cache-memory-bytes", str(int(cfg.local.user_sim_kv_cache_gib * (1 << 30))),
-             "--dtype", resolve_engine_dtype(cfg.local.user_sim_dtype, cuda=placement.on_gpus),
-             "--enforce-eager", "--disable-log-stats", "--seed", str(cfg.run.seed), *gpu_args],
+            [*user_sim_server_argv(user_model, resolve_engine_dtype(cfg.local.user_sim_dtype, cuda=placement.on_gpus),
+                                   served_model_name="user-sim", host="127.0.0.1", port=ports["user_sim"],
+                                   kv_cache_gib=cfg.local.user_sim_kv_cache_gib, seed=cfg.run.seed), *gpu_args],
             health=f"http:{user_base_url}/models",
-            # vLLM CPU binds its OpenMP threads to core 0 by default; the policy engine keeps
-            # it, the user simulator takes the last core
-            env={"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1)), **OFFLINE, **placement.env("user_sim")},
+            env={**({} if placement.on_gpus else user_sim_cpu_env(user_sim_bind)), **OFFLINE, **placement.env("user_sim")},
+            nice=ENGINE_NICE if user_sim_bind == "all" and not placement.on_gpus else 0,
             max_restarts=_max_restarts(cfg, "user_sim"), ready_timeout_s=cfg.local.ready_timeout_s,
         ))
     demos = demonstrations_path(run_dir) if cfg.warm_start.enabled else None
@@ -172,11 +171,10 @@ def launch_local(cfg: TrainConfig, launcher: LocalLauncher, visible: list[str] |
             continue
         env, nice = {**common_env, **placement.env(name)}, 0
         if name == "rollout" and not placement.on_gpus:
-            bind = cfg.local.engine_cpu_threads_bind or ("all" if cfg.rollout.max_staleness == 0 else "auto")
-            env.update(engine_cpu_env(bind, user_sim=cfg.launches_user_sim()))
+            env.update(engine_cpu_env(engine_bind, user_sim_bind=user_sim_bind))
             # on every core, the engine yields to what else runs at once (the warm start's
             # learner while the base model is validated), which would otherwise starve
-            nice = ENGINE_NICE if bind == "all" else 0
+            nice = ENGINE_NICE if engine_bind == "all" else 0
         specs.append(ManagedProcess(name, python_module(module, "--config", str(paths[section]), "--port", str(ports[name]), *extra),
                                     health=HEALTH[name], address=addresses[name], env=env, nice=nice,
                                     max_restarts=_max_restarts(cfg, name),
@@ -270,15 +268,31 @@ def learner_cpu_env(local: LocalConfig, on_gpus: bool, environ: Mapping[str, str
     return {"GLIBC_TUNABLES": local.learner_glibc_tunables}
 
 
-def engine_cpu_env(bind: str, user_sim: bool = False, cores: list[int] | None = None) -> dict[str, str]:
+def cpu_binds(cfg: TrainConfig) -> tuple[str, str | None]:
+    """(the rollout engine's, the user simulator's or None) CPU core settings of a CPU run:
+    `local.engine_cpu_threads_bind` (None: "all" synchronous, "auto" asynchronous) and, when the
+    run launches a user simulator, `local.user_sim_cpu_threads_bind` (None: "all" synchronous,
+    "last" asynchronous). The values `engine_cpu_env` and `user_sim_cpu_env` take."""
+    synchronous = cfg.rollout.max_staleness == 0
+    engine = cfg.local.engine_cpu_threads_bind or ("all" if synchronous else "auto")
+    user_sim = (cfg.local.user_sim_cpu_threads_bind or ("all" if synchronous else "last")) if cfg.launches_user_sim() else None
+    return engine, user_sim
+
+
+def _cores(cores: list[int] | None) -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+
+
+def engine_cpu_env(bind: str, user_sim_bind: str | None = None, cores: list[int] | None = None) -> dict[str, str]:
     """The CPU rollout engine's OpenMP binding (`local.engine_cpu_threads_bind`) as vLLM's
     environment variables (vllm.utils.ompmultiprocessing reads them in the engine process).
 
     Args:
         bind: "all" (every core of `cores`, none reserved; without the last one when a local
-            user simulator runs, which is bound there), "auto" (vLLM's default: no variable
-            set), or a VLLM_CPU_OMP_THREADS_BIND value passed through.
-        user_sim: a local user-simulator server runs beside the engine.
+            user simulator is bound there alone), "auto" (vLLM's default: no variable set), or a
+            VLLM_CPU_OMP_THREADS_BIND value passed through.
+        user_sim_bind: `local.user_sim_cpu_threads_bind` of a local user simulator that runs
+            beside the engine, None when none does.
         cores: the CPU ids to use (default: this process's affinity, `os.sched_getaffinity`).
 
     Returns:
@@ -288,10 +302,30 @@ def engine_cpu_env(bind: str, user_sim: bool = False, cores: list[int] | None = 
         return {}
     if bind != "all":
         return {"VLLM_CPU_OMP_THREADS_BIND": bind}
-    ids = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
-    if user_sim and len(ids) > 1:
+    ids = _cores(cores)
+    if user_sim_bind == "last" and len(ids) > 1:
         ids = ids[:-1]
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(i) for i in ids), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+def user_sim_cpu_env(bind: str, cores: list[int] | None = None) -> dict[str, str]:
+    """The local user simulator's vLLM server's OpenMP binding (`local.user_sim_cpu_threads_bind`)
+    as VLLM_CPU_OMP_THREADS_BIND.
+
+    Args:
+        bind: "all" (every core of `cores`, shared with the rollout engine), "last" (the last core
+            of `cores` alone), or a VLLM_CPU_OMP_THREADS_BIND value passed through.
+        cores: the CPU ids to use (default: this process's affinity, `os.sched_getaffinity`).
+
+    Returns:
+        {"VLLM_CPU_OMP_THREADS_BIND": <core list>}.
+    """
+    ids = _cores(cores)
+    if bind == "all":
+        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(i) for i in ids)}
+    if bind == "last":
+        return {"VLLM_CPU_OMP_THREADS_BIND": str(ids[-1])}
+    return {"VLLM_CPU_OMP_THREADS_BIND": bind}
 
 
 def prepare_task_files(cfg: TrainConfig) -> list[str]:

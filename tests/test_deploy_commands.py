@@ -101,6 +101,18 @@ def test_service_configs_are_the_launchers_with_the_deployment_addresses(script,
                     "--dtype", resolve_engine_dtype("auto"), "--seed", "0"]
     assert resolve_engine_dtype("auto") in ("bfloat16", "float32")  # no GPU here
     assert path is None
+    # without a GPU, the launcher's cores (local.user_sim_cpu_threads_bind): every core, or the last one alone
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    unset = {k: v for k, v in environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}  # what derive set above
+    cpu = {**unset, "CUDA_VISIBLE_DEVICES": ""}
+    script.derive("user-sim", cpu)
+    assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, cores))
+    last = {**unset, "CUDA_VISIBLE_DEVICES": "",
+            "SINKFLEX_CONFIG_OVERRIDES": json.dumps({"local": {"user_sim_cpu_threads_bind": "last"}})}
+    script.derive("user-sim", last)
+    assert last["VLLM_CPU_OMP_THREADS_BIND"] == str(cores[-1])
 
 
 def test_overrides_and_errors(script, experiment, tmp_path):

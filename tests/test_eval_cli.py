@@ -37,6 +37,7 @@ def test_eval_scores_a_run_policy_and_writes_tau2_results(trained_run):
     assert (summary["env"], summary["split"], summary["tasks"], summary["trials"]) == ("mock", "test", 4, 2)
     assert summary["ci_low"] <= summary["mean_at_1"] <= summary["ci_high"]
     assert 0.0 <= summary["pass_hat_2"] <= summary["pass_hat_1"] <= 1.0
+    assert 0 < summary["episodes_seconds"] < summary["wall_seconds"]  # the services' start is the difference
     per_task = summary["per_task"]
     assert sorted(per_task) == sorted(json.loads((trained_run / "tasks" / "split_tasks.json").read_text())["test"])
     assert summary["mean_at_1"] == pytest.approx(sum(sum(r) / len(r) for r in per_task.values()) / len(per_task))

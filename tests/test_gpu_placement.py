@@ -182,8 +182,8 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     """No GPU visible (CUDA_VISIBLE_DEVICES unset, no nvidia-smi on PATH, as on this machine):
     exactly the commands and environments the launcher built before placement existed (the
     rollout engine's CPU core binding, `local.engine_cpu_threads_bind`, the learner's malloc
-    settings, `local.learner_glibc_tunables`, and the user simulator's --dtype,
-    `local.user_sim_dtype`, aside)."""
+    settings, `local.learner_glibc_tunables`, and the user simulator's --dtype and cores,
+    `local.user_sim_dtype` and `local.user_sim_cpu_threads_bind`, aside)."""
     from sinkflex_rl.local import engine_cpu_env, learner_cpu_env
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -197,7 +197,7 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
         port = specs[name].address.rsplit(":", 1)[1]
         assert specs[name].argv == [py, "-m", module, "--config", str(cfgs / f"{module}.yaml"), "--port", port,
                                     "--no-metrics"]
-        engine = engine_cpu_env("all", user_sim=config == "retail.yaml") if name == "rollout" else {}
+        engine = engine_cpu_env("all", user_sim_bind="all" if config == "retail.yaml" else None) if name == "rollout" else {}
         assert specs[name].env == {**redis, **engine}
     port = specs["learner"].address.rsplit(":", 1)[1]
     assert specs["learner"].argv == [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
@@ -206,9 +206,14 @@ def test_cpu_default_argv_and_env_unchanged(monkeypatch, tmp_path, config):
     assert specs["learner"].env == {**redis, **learner_cpu_env(cfg.local, on_gpus=False)}
     if config == "retail.yaml":
         sim = specs["user_sim"]
-        assert sim.env == {"VLLM_CPU_OMP_THREADS_BIND": str(max(0, (os.cpu_count() or 1) - 1)), **OFFLINE}
-        assert sim.argv[-6:] == ["--dtype", resolve_engine_dtype("auto"), "--enforce-eager", "--disable-log-stats",
-                                 "--seed", str(cfg.run.seed)]
+        assert sim.env == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(os.sched_getaffinity(0)))), **OFFLINE}
+        assert sim.argv[:3] == [py, "-m", "vllm.entrypoints.openai.api_server"]
+        flags = dict(zip(sim.argv[3::2], sim.argv[4::2]))
+        assert {k: flags[k] for k in ("--dtype", "--seed", "--served-model-name", "--host")} == {
+            "--dtype": resolve_engine_dtype("auto"), "--seed": str(cfg.run.seed), "--served-model-name": "user-sim",
+            "--host": "127.0.0.1"}
+        assert flags["--kv-cache-memory-bytes"] == str(int(cfg.local.user_sim_kv_cache_gib * (1 << 30)))
+        assert sim.argv[-2:] == ["--enforce-eager", "--disable-log-stats"]
         assert "--tensor-parallel-size" not in sim.argv and "--gpu-memory-utilization" not in sim.argv
     else:
         assert "user_sim" not in specs
@@ -281,14 +286,42 @@ def test_bootstrap_gpu_check_with_a_gpu_and_a_cpu_torch_venv(tmp_path):
     assert "installing" not in r.stderr
 
 
+def test_cpu_user_sim_threads_bind():
+    """local.user_sim_cpu_threads_bind → the user simulator's VLLM_CPU_OMP_THREADS_BIND."""
+    from sinkflex_rl.local import user_sim_cpu_env
+
+    assert user_sim_cpu_env("all", cores=[0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}
+    assert user_sim_cpu_env("last", cores=[0, 1, 2]) == {"VLLM_CPU_OMP_THREADS_BIND": "2"}
+    assert user_sim_cpu_env("0-3") == {"VLLM_CPU_OMP_THREADS_BIND": "0-3"}
+    assert set(user_sim_cpu_env("all")["VLLM_CPU_OMP_THREADS_BIND"].split(",")) == {str(c) for c in os.sched_getaffinity(0)}
+
+
+@pytest.mark.parametrize("bind, engine_nice", [("all", True), ("last", False), ("1", False)])
+def test_user_simulator_server_cores_and_priority(monkeypatch, tmp_path, bind, engine_nice):
+    """The launcher gives the user simulator's server `local.user_sim_cpu_threads_bind` and, on every
+    core beside the engine, the engine's lower priority; the engine leaves out the last core only
+    when the user simulator has it alone."""
+    import sinkflex_rl.local as local
+    from sinkflex_rl.local import engine_cpu_env, user_sim_cpu_env
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _, specs, _ = _launch(monkeypatch, tmp_path, "retail.yaml", [f"local.user_sim_cpu_threads_bind={bind}"], visible=[])
+    assert specs["user_sim"].env == {**user_sim_cpu_env(bind), **OFFLINE}
+    assert specs["user_sim"].nice == (local.ENGINE_NICE if engine_nice else 0)
+    assert specs["rollout"].env["VLLM_CPU_OMP_THREADS_BIND"] == engine_cpu_env("all", user_sim_bind=bind)["VLLM_CPU_OMP_THREADS_BIND"]
+    assert specs["rollout"].nice == local.ENGINE_NICE
+
+
 def test_cpu_engine_threads_bind():
     """local.engine_cpu_threads_bind → vLLM's OpenMP variables for the CPU rollout engine."""
     from sinkflex_rl.local import engine_cpu_env
 
     assert engine_cpu_env("all", cores=[0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    # a local user simulator is bound to the last core: the engine keeps the others
-    assert engine_cpu_env("all", user_sim=True, cores=[0, 1, 2])["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
-    assert engine_cpu_env("all", user_sim=True, cores=[3])["VLLM_CPU_OMP_THREADS_BIND"] == "3"
+    # a local user simulator on every core shares them; bound to the last alone, the engine keeps the others
+    assert engine_cpu_env("all", user_sim_bind="all", cores=[0, 1])["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    assert engine_cpu_env("all", user_sim_bind="last", cores=[0, 1, 2])["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    assert engine_cpu_env("all", user_sim_bind="last", cores=[3])["VLLM_CPU_OMP_THREADS_BIND"] == "3"
+    assert engine_cpu_env("all", user_sim_bind="1", cores=[0, 1])["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
     assert engine_cpu_env("auto") == {}
     assert engine_cpu_env("nobind") == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     assert set(engine_cpu_env("all")["VLLM_CPU_OMP_THREADS_BIND"].split(",")) == {str(c) for c in os.sched_getaffinity(0)}

@@ -192,6 +192,7 @@ def evaluate(
                 raise
             fail(message, 3)
         clients = connect(addresses, reward=cfg.task.reward_address, learner_required=False)
+        t_ready = time.time()
         try:
             summary = evaluate_policy(cfg, clients, served, str(config), alive_check=launcher.check_alive)
         except ConfigError as err:
@@ -202,6 +203,7 @@ def evaluate(
                 raise
             fail(message, 3)
     summary["wall_seconds"] = round(time.time() - t0, 1)
+    summary["episodes_seconds"] = round(time.time() - t_ready, 1)  # the services up: the episodes and their scores
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     result = summary
     table = Table(title=f"{served} on {cfg.task.env}/{split}: {result['tasks']} tasks x {result['trials']} trials")
