@@ -87,7 +87,8 @@ def main() -> None:
         "# The user simulator's cores: every core beside the engine vs the last core alone",
         "",
         f"Command: `{result['command']}`; {result['date']}; {result['cores']} cores ({result['machine']}, "
-        f"avx512_bf16: {result['avx512_bf16']}); nothing else running. Policy `{a.policy}` (its run's user "
+        f"avx512_bf16: {result['avx512_bf16']}); 1-minute load average {rows[0]['load_before'][0]} before the "
+        f"first measurement (the benchmark's own processes raise it; the table gives it around each). Policy `{a.policy}` (its run's user "
         f"simulator); {a.tasks} held-out tasks × {a.trials} trials a measurement. `last`: the user simulator's "
         "vLLM server on the last core, the engine on the others (the layout before "
         "`local.user_sim_cpu_threads_bind`); `all`: both on every core, both at niceness 10.",
