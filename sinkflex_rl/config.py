@@ -332,6 +332,11 @@ class ServicesConfig(StrictModel):
 LEARNER_GLIBC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 
 
+#: `LocalConfig.user_sim_cpu_threads_bind`: all, last, or what vLLM's VLLM_CPU_OMP_THREADS_BIND takes
+#: for one process (auto, nobind, core ids and ranges)
+USER_SIM_BIND_PATTERN = r"^(all|last|auto|nobind|\d+(-\d+)?(,\d+(-\d+)?)*)$"
+
+
 class LocalConfig(StrictModel):
     """The embedded default's local processes."""
 
@@ -372,14 +377,16 @@ class LocalConfig(StrictModel):
     is validated, keeps its share of the cores; measured: docs/usage.md, "CPU process settings").
     "auto": vLLM's default (one core per NUMA node reserved for its scheduler). Anything else is
     passed as it is ("nobind", "0-3", "0,2")."""
-    user_sim_cpu_threads_bind: Optional[str] = Field(None, min_length=1)
+    user_sim_cpu_threads_bind: Optional[str] = Field(None, pattern=USER_SIM_BIND_PATTERN)
     """The CPU cores of the local user simulator's vLLM server (VLLM_CPU_OMP_THREADS_BIND; ignored
     on GPUs and when the run launches no user simulator). None (the default): "all" in a
     synchronous run, "last" in an asynchronous one (where the learner computes beside both).
-    "all": every core of this process's affinity, shared with the rollout engine (in a dialogue
-    the two take turns: the user answers while the agent waits for it, and the other way round),
-    at niceness 10 like the engine. "last": the last core alone, which an "all" engine then
-    leaves out. Anything else is passed as it is ("1", "0-3"). Measured on the dual demo's
+    "all": every core of this process's affinity, the same cores as the rollout engine's (in a
+    dialogue the two take turns: the user answers while the agent waits for it, and the other way
+    round), at niceness 10 (`sinkflex_rl.local.ENGINE_NICE`, as an engine on every core). "last":
+    the last core alone, which an "all" engine then leaves out (on a machine of more than one
+    core). Else vLLM's own forms, passed as they are: "auto", "nobind", or core ids and ranges
+    ("1", "0-3", "0,2"; the engine does not leave these out). Measured on the dual demo's
     episodes: docs/usage.md, "CPU process settings"."""
     ready_timeout_s: float = Field(600.0, gt=0)
     learner_glibc_tunables: Optional[str] = Field(LEARNER_GLIBC_TUNABLES, pattern=r"^glibc\.[a-z_.]+=[^:=\s]+(:glibc\.[a-z_.]+=[^:=\s]+)*$")

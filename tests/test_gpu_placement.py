@@ -387,6 +387,12 @@ def test_user_simulator_server_dtype(monkeypatch, tmp_path, dtype):
     assert rollout["engine"]["dtype"] == "auto"  # the policy engine's own setting is its own
 
 
+@pytest.mark.parametrize("bind", ["LAST", "abc", "-1", "0 1", ""])
+def test_user_simulator_cores_refuse_what_vllm_cannot_read(tmp_path, bind):
+    with pytest.raises(ConfigError, match=r"local.user_sim_cpu_threads_bind"):
+        load_train_config(ROOT / "configs" / "demo-dual.yaml", [f"run.output_dir={tmp_path}", f"local.user_sim_cpu_threads_bind={bind!r}"])
+
+
 def test_user_simulator_dtype_refuses_an_unknown_name(tmp_path):
     with pytest.raises(ConfigError, match=r"local.user_sim_dtype"):
         load_train_config(ROOT / "configs" / "retail.yaml", [f"run.output_dir={tmp_path}", "local.user_sim_dtype=fp8"])

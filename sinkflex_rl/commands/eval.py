@@ -195,6 +195,7 @@ def evaluate(
         t_ready = time.time()
         try:
             summary = evaluate_policy(cfg, clients, served, str(config), alive_check=launcher.check_alive)
+            episodes_seconds = time.time() - t_ready  # the services up: the episodes and their scores (not their stop)
         except ConfigError as err:
             fail(str(err), 2)
         except Exception as err:
@@ -203,7 +204,7 @@ def evaluate(
                 raise
             fail(message, 3)
     summary["wall_seconds"] = round(time.time() - t0, 1)
-    summary["episodes_seconds"] = round(time.time() - t_ready, 1)  # the services up: the episodes and their scores
+    summary["episodes_seconds"] = round(episodes_seconds, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     result = summary
     table = Table(title=f"{served} on {cfg.task.env}/{split}: {result['tasks']} tasks x {result['trials']} trials")
