@@ -163,11 +163,10 @@ def _cpu_settings(service: str, cfg, environ: dict[str, str]) -> None:
         return
     from sinkflex_rl.local import cpu_binds, engine_cpu_env, learner_cpu_env, user_sim_cpu_env
 
-    engine_bind, user_sim_bind = cpu_binds(cfg)
     if service == "rollout":
-        settings = engine_cpu_env(engine_bind, user_sim_bind=user_sim_bind)
-    elif service == "user-sim":
-        settings = user_sim_cpu_env(user_sim_bind or "all")
+        settings = engine_cpu_env(*cpu_binds(cfg))
+    elif service == "user-sim":  # this container is the user simulator's server
+        settings = user_sim_cpu_env(cpu_binds(cfg, user_sim=True)[1])
     else:
         settings = learner_cpu_env(cfg.local, on_gpus=False, environ=environ)
     for key, value in settings.items():

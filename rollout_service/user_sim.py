@@ -111,7 +111,8 @@ def user_sim_server_argv(model: str | Path, dtype: str, *, seed: int | None = No
     (``python -m vllm.entrypoints.openai.api_server``, what ``vllm serve`` runs) serving `model`
     frozen. One builder for the three places that start it: the local launcher
     (`sinkflex_rl.local`), the container's ``sinkflex-service user-sim`` (docker/sinkflex_service.py;
-    compose and the chart append the host, port and KV-cache flags) and `start_vllm_server`.
+    compose and the chart append the served name, host and port, compose the KV-cache flags) and
+    `start_vllm_server`.
 
     Args:
         model: a model folder or hub id (vLLM's --model).

@@ -268,15 +268,17 @@ def learner_cpu_env(local: LocalConfig, on_gpus: bool, environ: Mapping[str, str
     return {"GLIBC_TUNABLES": local.learner_glibc_tunables}
 
 
-def cpu_binds(cfg: TrainConfig) -> tuple[str, str | None]:
+def cpu_binds(cfg: TrainConfig, user_sim: bool | None = None) -> tuple[str, str | None]:
     """(the rollout engine's, the user simulator's or None) CPU core settings of a CPU run:
-    `local.engine_cpu_threads_bind` (None: "all" synchronous, "auto" asynchronous) and, when the
-    run launches a user simulator, `local.user_sim_cpu_threads_bind` (None: "all" synchronous,
-    "last" asynchronous). The values `engine_cpu_env` and `user_sim_cpu_env` take."""
+    `local.engine_cpu_threads_bind` (None: "all" synchronous, "auto" asynchronous) and, when a user
+    simulator runs (`user_sim`; None: the run launches one, `TrainConfig.launches_user_sim`),
+    `local.user_sim_cpu_threads_bind` (None: "all" synchronous, "last" asynchronous). The values
+    `engine_cpu_env` and `user_sim_cpu_env` take."""
     synchronous = cfg.rollout.max_staleness == 0
     engine = cfg.local.engine_cpu_threads_bind or ("all" if synchronous else "auto")
-    user_sim = (cfg.local.user_sim_cpu_threads_bind or ("all" if synchronous else "last")) if cfg.launches_user_sim() else None
-    return engine, user_sim
+    if not (cfg.launches_user_sim() if user_sim is None else user_sim):
+        return engine, None
+    return engine, cfg.local.user_sim_cpu_threads_bind or ("all" if synchronous else "last")
 
 
 def _cores(cores: list[int] | None) -> list[int]:
