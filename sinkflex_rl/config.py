@@ -332,9 +332,14 @@ class ServicesConfig(StrictModel):
 LEARNER_GLIBC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 
 
-#: `LocalConfig.user_sim_cpu_threads_bind`: all, last, or what vLLM's VLLM_CPU_OMP_THREADS_BIND takes
-#: for one process (auto, nobind, core ids and ranges)
-USER_SIM_BIND_PATTERN = r"^(all|last|auto|nobind|\d+(-\d+)?(,\d+(-\d+)?)*)$"
+#: core ids and ranges as vLLM's VLLM_CPU_OMP_THREADS_BIND takes them for one process ("1", "0-3", "0,2")
+_CORES = r"\d+(-\d+)?(,\d+(-\d+)?)*"
+#: `LocalConfig.engine_cpu_threads_bind`: all, or what VLLM_CPU_OMP_THREADS_BIND takes (auto, nobind,
+#: core ids and ranges, one "|"-separated list per tensor-parallel rank: "0-3|4-7")
+ENGINE_BIND_PATTERN = rf"^(all|auto|nobind|{_CORES}(\|{_CORES})*)$"
+#: `LocalConfig.user_sim_cpu_threads_bind`: all, last, or what VLLM_CPU_OMP_THREADS_BIND takes for one
+#: process (auto, nobind, core ids and ranges)
+USER_SIM_BIND_PATTERN = rf"^(all|last|auto|nobind|{_CORES})$"
 
 
 class LocalConfig(StrictModel):
@@ -367,7 +372,7 @@ class LocalConfig(StrictModel):
     measured fast, float32 on other CPUs, vLLM's own auto on CUDA. vLLM CPU's own default is
     bfloat16 on every CPU, emulated (and several times slower: docs/results/dual/) where the
     CPU has no avx512_bf16 or AMX."""
-    engine_cpu_threads_bind: Optional[str] = Field(None, min_length=1)
+    engine_cpu_threads_bind: Optional[str] = Field(None, pattern=ENGINE_BIND_PATTERN)
     """The CPU rollout engine's cores (vLLM's VLLM_CPU_OMP_THREADS_BIND; ignored on GPUs). None
     (the default): "all" in a synchronous run (rollout.max_staleness 0: the engine generates
     while the learner waits), "auto" in an asynchronous one (both run at once). "all": every core
@@ -375,8 +380,9 @@ class LocalConfig(StrictModel):
     user simulator is bound there alone, `user_sim_cpu_threads_bind` "last"), at niceness 10
     (`sinkflex_rl.local.ENGINE_NICE`: the warm start's learner, which trains while the base model
     is validated, keeps its share of the cores; measured: docs/usage.md, "CPU process settings").
-    "auto": vLLM's default (one core per NUMA node reserved for its scheduler). Anything else is
-    passed as it is ("nobind", "0-3", "0,2")."""
+    "auto": vLLM's default (one core per NUMA node reserved for its scheduler). Else vLLM's own
+    forms, passed as they are: "nobind", core ids and ranges ("0-3", "0,2"), one "|"-separated list
+    per tensor-parallel rank ("0-3|4-7"); anything other fails at load, naming this field."""
     user_sim_cpu_threads_bind: Optional[str] = Field(None, pattern=USER_SIM_BIND_PATTERN)
     """The CPU cores of the local user simulator's vLLM server (VLLM_CPU_OMP_THREADS_BIND; ignored
     on GPUs and when the run launches no user simulator). None (the default): "all" in a

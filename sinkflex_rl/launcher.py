@@ -5,7 +5,8 @@ The embedded default (one CPU machine, no network) starts each service with
 check reports SERVING (or an HTTP endpoint answers, for the user-simulator model
 server), writes each process's output to `<run_dir>/logs/<name>.log`, and stops them
 all in reverse start order — SIGTERM, then SIGKILL after a grace period — at exit, on an
-error, or on Ctrl-C. With addresses given in the config nothing is launched.
+error, on Ctrl-C, or when the command itself gets SIGTERM (kill, docker stop, timeout). With
+addresses given in the config nothing is launched.
 
 Like Kubernetes for the pods of a deployment, it restarts a process that died or stays
 frozen (`LocalLauncher.recover`): up to `ManagedProcess.max_restarts` times per process and
@@ -24,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -272,6 +274,7 @@ class LocalLauncher:
         #: a process stopped (SIGSTOP, state T) for longer than this is reported as frozen
         self.freeze_timeout_s = freeze_timeout_s
         self._stopped_since: dict[int, float] = {}
+        self._sigterm_before = None  # the SIGTERM handler __enter__ replaced
         #: one line per restart (`recover`): what died or froze, and that it was restarted
         self.restart_log: list[str] = []
         #: watched processes that `recover` restarts itself: name -> (restart function returning
@@ -702,10 +705,24 @@ class LocalLauncher:
                 pass
 
     def __enter__(self) -> "LocalLauncher":
+        """In the main thread, SIGTERM (kill, docker stop, timeout) raises KeyboardInterrupt until
+        `__exit__`, as Ctrl-C does, so that the services stop with the command that started them;
+        Python's default would end the process at once and leave them running."""
+        self._sigterm_before = None
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm_before = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop_all()
+        try:
+            self.stop_all()
+        finally:
+            if self._sigterm_before is not None:
+                signal.signal(signal.SIGTERM, self._sigterm_before)
+
+
+def _sigterm_as_interrupt(signum, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _cmdline(proc) -> list[str]:

@@ -393,6 +393,18 @@ def test_user_simulator_cores_refuse_what_vllm_cannot_read(tmp_path, bind):
         load_train_config(ROOT / "configs" / "demo-dual.yaml", [f"run.output_dir={tmp_path}", f"local.user_sim_cpu_threads_bind={bind!r}"])
 
 
+@pytest.mark.parametrize("bind", ["ALL", "last", "0 1", "", "0|", "cores"])
+def test_engine_cores_refuse_what_vllm_cannot_read(tmp_path, bind):
+    with pytest.raises(ConfigError, match=r"local.engine_cpu_threads_bind"):
+        load_train_config(ROOT / "configs" / "demo.yaml", [f"run.output_dir={tmp_path}", f"local.engine_cpu_threads_bind={bind!r}"])
+
+
+@pytest.mark.parametrize("bind, expected", [("0-3|4-7", "0-3|4-7"), ("nobind", "nobind"), ("1", "1")])
+def test_engine_cores_take_vllms_own_forms(tmp_path, bind, expected):
+    cfg = load_train_config(ROOT / "configs" / "demo.yaml", [f"run.output_dir={tmp_path}", f"local.engine_cpu_threads_bind={bind}"])
+    assert cfg.local.engine_cpu_threads_bind == expected
+
+
 def test_user_simulator_dtype_refuses_an_unknown_name(tmp_path):
     with pytest.raises(ConfigError, match=r"local.user_sim_dtype"):
         load_train_config(ROOT / "configs" / "retail.yaml", [f"run.output_dir={tmp_path}", "local.user_sim_dtype=fp8"])

@@ -484,3 +484,37 @@ def test_run_recovering_waits_for_services_that_run_elsewhere(tmp_path, monkeypa
         with pytest.raises(ServiceError):  # nobody comes back: the error stands
             run_recovering(Unavailable(launcher), launcher, lambda: "fresh", wait_for_peers=lambda: False)
     assert not peers_serving(addresses, timeout_s=1)
+
+
+DRIVER = """
+import sys, time
+from pathlib import Path
+from sinkflex_rl.launcher import LocalLauncher, ManagedProcess
+run_dir = Path(sys.argv[1])
+with LocalLauncher(run_dir) as launcher:
+    (service,) = launcher.start_all([ManagedProcess("env", [sys.executable, "-c", "import time; time.sleep(120)"])])
+    (run_dir / "service.pid").write_text(str(service.proc.pid))
+    time.sleep(120)
+"""
+
+
+def test_sigterm_to_the_driver_stops_its_services(tmp_path):
+    """kill, docker stop and timeout send SIGTERM: the launcher stops every service as on Ctrl-C
+    (Python's default would end the driver at once and leave them running), and the driver exits."""
+    import subprocess
+
+    import psutil
+
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], stderr=subprocess.PIPE)
+    pid_file = tmp_path / "service.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.1)
+    assert pid_file.is_file(), driver.stderr.read().decode()
+    service = psutil.Process(int(pid_file.read_text()))
+    assert service.is_running()
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=60) != 0
+    assert b"KeyboardInterrupt: signal 15" in driver.stderr.read()
+    service.wait(timeout=30)  # psutil.TimeoutExpired if it outlived the driver
+    assert not service.is_running()
