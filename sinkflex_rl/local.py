@@ -282,7 +282,10 @@ def cpu_binds(cfg: TrainConfig, user_sim: bool | None = None) -> tuple[str, str 
 
 
 def _cores(cores: list[int] | None) -> list[int]:
-    return sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    ids = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    if not ids:
+        raise ValueError("no CPU cores to bind vLLM's OpenMP threads to: the core list is empty")
+    return ids
 
 
 def engine_cpu_env(bind: str, user_sim_bind: str | None = None, cores: list[int] | None = None) -> dict[str, str]:
@@ -299,6 +302,9 @@ def engine_cpu_env(bind: str, user_sim_bind: str | None = None, cores: list[int]
 
     Returns:
         {} for "auto"; else VLLM_CPU_OMP_THREADS_BIND (and VLLM_CPU_NUM_OF_RESERVED_CPU=0 for "all").
+
+    Raises:
+        ValueError: "all" with an empty `cores`.
     """
     if bind == "auto":
         return {}
@@ -321,6 +327,9 @@ def user_sim_cpu_env(bind: str, cores: list[int] | None = None) -> dict[str, str
 
     Returns:
         {"VLLM_CPU_OMP_THREADS_BIND": <core list>}.
+
+    Raises:
+        ValueError: "all" or "last" with an empty `cores`.
     """
     ids = _cores(cores)
     if bind == "all":

@@ -296,6 +296,16 @@ def test_cpu_user_sim_threads_bind():
     assert set(user_sim_cpu_env("all")["VLLM_CPU_OMP_THREADS_BIND"].split(",")) == {str(c) for c in os.sched_getaffinity(0)}
 
 
+@pytest.mark.parametrize("bind", ["all", "last"])
+def test_no_cores_to_bind_is_an_error_that_says_so(bind):
+    from sinkflex_rl.local import engine_cpu_env, user_sim_cpu_env
+
+    with pytest.raises(ValueError, match="core list is empty"):
+        user_sim_cpu_env(bind, cores=[])
+    with pytest.raises(ValueError, match="core list is empty"):
+        engine_cpu_env("all", user_sim_bind=bind, cores=[])
+
+
 @pytest.mark.parametrize("bind, engine_nice", [("all", True), ("last", False), ("1", False)])
 def test_user_simulator_server_cores_and_priority(monkeypatch, tmp_path, bind, engine_nice):
     """The launcher gives the user simulator's server `local.user_sim_cpu_threads_bind` and, on every
