@@ -321,6 +321,8 @@ def run_config(args) -> dict:
         SystemExit: a run folder that is not one, or a training run failed (one line naming its logs).
         ConfigError: the experiment, with k = 0 or with k = 1, is invalid (before anything runs).
     """
+    from sinkflex.hardware import cpu_model
+
     from sinkflex_rl.config import load_train_config
     from sinkflex_rl.controller import paired_difference, read_validations
 
@@ -390,7 +392,7 @@ def run_config(args) -> dict:
                    "validation": {"every_steps": cfg.validation.every_steps, "tasks": cfg.validation.num_tasks,
                                   "trials": cfg.validation.trials},
                    "runs_dir": _relative(args.runs_dir)},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu_name(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu_model(),
                     "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after_each_mode": loads},
         "wall_s": round(time.time() - t_start, 1),
     }
@@ -402,11 +404,6 @@ def _relative(path: str) -> str:
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def projection(s: dict, val_every: int = 0) -> dict | None:

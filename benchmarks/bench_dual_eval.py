@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -139,7 +138,7 @@ def main() -> None:
     if len(names) < 2 or len(set(names)) != len(names):
         p.error(f"give two or more arms with different names, not {names}")
 
-    from sinkflex.hardware import _cpu_flags
+    from sinkflex.hardware import _cpu_flags, cpu_model
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -161,7 +160,7 @@ def main() -> None:
         summary[n]["speedup_vs_first"] = round(base / summary[n]["episodes_seconds"], 3)
     result = dict(
         command=" ".join(["python", "benchmarks/bench_dual_eval.py", *map(shlex.quote, sys.argv[1:])]),
-        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.processor() or platform.machine(),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=cpu_model(),
         cores=len(os.sched_getaffinity(0)), avx512_bf16="avx512_bf16" in _cpu_flags(), policy=a.policy,
         tasks=a.tasks, trials=a.trials, arms=a.arms, rounds=rows, mean=summary)
     out = Path(a.out)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -434,6 +433,7 @@ def main() -> None:
     import torch
 
     from learner_service.model import cpu_has_fast_bf16
+    from sinkflex.hardware import cpu_model
 
     load0 = os.getloadavg()
     wanted = [m for m in args.models.split(",") if m]
@@ -443,7 +443,7 @@ def main() -> None:
             rows += run_case(name, c, args.warmup_rounds + args.steps, args.threads, args.quick, only, args.subset or None,
                              [x for x in args.workloads.split(",") if x] or None)
     load1 = os.getloadavg()
-    device = f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), fast bf16: {cpu_has_fast_bf16()}"
+    device = f"CPU, {os.cpu_count()} cores ({cpu_model()}), fast bf16: {cpu_has_fast_bf16()}"
     rows = [summarise(r, args.warmup_rounds) for r in rows]
     print(table(rows))
     data = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), device=device, torch=torch.__version__,

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -150,10 +149,10 @@ def main() -> None:
                      f"{r['grad_norm']:.6g} |")
     import torch
 
-    from sinkflex.hardware import cpu_has_fast_bf16
+    from sinkflex.hardware import cpu_has_fast_bf16, cpu_model
 
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    device = f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), fast bf16: {cpu_has_fast_bf16()}"
+    device = f"CPU, {os.cpu_count()} cores ({cpu_model()}), fast bf16: {cpu_has_fast_bf16()}"
     speedup = {r["mode"]: full["step_s"] / r["step_s"] for r in rows if full and "error" not in r}
     Path(args.json).write_text(json.dumps(dict(date=stamp, device=device, torch=torch.__version__, threads=args.threads,
                                                groups=n_groups, load_avg_start=load0, load_avg_end=load1, rows=rows,

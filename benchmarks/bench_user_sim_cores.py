@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -63,7 +62,7 @@ def main() -> None:
     p.add_argument("--out", default=str(REPO / "docs" / "bench_user_sim_cores"))
     a = p.parse_args()
 
-    from sinkflex.hardware import _cpu_flags
+    from sinkflex.hardware import _cpu_flags, cpu_model
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -77,7 +76,7 @@ def main() -> None:
     flags = _cpu_flags()
     result = dict(
         command=" ".join(["python", "benchmarks/bench_user_sim_cores.py", *sys.argv[1:]]),
-        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.processor() or platform.machine(),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=cpu_model(),
         cores=len(os.sched_getaffinity(0)), avx512_bf16="avx512_bf16" in flags, policy=a.policy,
         tasks=a.tasks, trials=a.trials, rounds=rows,
         mean_episodes_seconds=mean, speedup_all_vs_last=round(mean["last"] / mean["all"], 3))

@@ -37,17 +37,10 @@ MODES = ("bfloat16", "float32")
 
 
 def cpu_facts() -> dict:
-    from sinkflex.hardware import _cpu_flags, bf16_matmul_speedup, bf16_verdict
+    from sinkflex.hardware import _cpu_flags, bf16_matmul_speedup, bf16_verdict, cpu_model
 
-    first: dict[str, str] = {}  # the first processor's block of /proc/cpuinfo (its name and model)
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if not line.strip():
-                break
-            key, _, value = line.partition(":")
-            first[key.strip()] = value.strip()
     flags = _cpu_flags()
-    model = f"{first.get('model name', 'unknown')} (family {first.get('cpu family', '?')} model {first.get('model', '?')})"
+    model = cpu_model()
     fast, why = bf16_verdict()
     return {"cpu": model, "cpus": os.cpu_count(), "avx512f": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags,
             "amx_bf16": "amx_bf16" in flags, "bf16_matmul_speedup": round(bf16_matmul_speedup(), 2),

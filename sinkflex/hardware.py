@@ -26,6 +26,28 @@ def _cpu_flags() -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """This machine's CPU as the benchmarks write it: /proc/cpuinfo's first "model name" with its
+    "cpu family" and "model" numbers (e.g. "AMD EPYC (family 25 model 1)": a VM's name alone can
+    hide the generation), or `platform.machine()` where /proc/cpuinfo is absent."""
+    first: dict[str, str] = {}  # the first processor's block
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                first[key.strip()] = value.strip()
+    except OSError:
+        pass
+    if "model name" not in first:
+        import platform
+
+        return platform.machine() or "unknown"
+    return f"{first['model name']} (family {first.get('cpu family', '?')} model {first.get('model', '?')})"
+
+
+@functools.lru_cache(maxsize=None)
 def bf16_matmul_speedup(m: int = 256, k: int = 576, n: int = 1536, rounds: int = 5) -> float:
     """Measured bfloat16 / float32 matmul throughput ratio on this CPU (>1: bf16 is faster).
 

@@ -87,3 +87,16 @@ def test_bf16_matmul_speedup_measures_this_cpu():
 
     ratio = bf16_matmul_speedup(16, 32, 32, rounds=2)
     assert 0 < ratio < 1e4 and ratio == ratio
+
+
+def test_cpu_model_names_the_generation():
+    """The benchmarks' machine line: /proc/cpuinfo's model name with its family and model numbers
+    (a VM's "AMD EPYC" alone does not tell a Zen 3 from a Zen 4)."""
+    from pathlib import Path
+
+    from sinkflex.hardware import cpu_model
+
+    info = Path("/proc/cpuinfo").read_text()
+    name = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+    family = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("cpu family"))
+    assert cpu_model().startswith(f"{name} (family {family} model ")
