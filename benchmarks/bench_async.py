@@ -237,6 +237,8 @@ SHORT_FLAGS = [
 
 
 def main() -> None:
+    from sinkflex.hardware import cpu_model
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     short = p.add_argument_group("the short benchmark (without --config)")
     for flag, kind, default, text in SHORT_FLAGS:
@@ -300,7 +302,7 @@ def main() -> None:
         "config": {"steps": args.steps, "tasks_per_step": args.tasks_per_step, "group_size": args.group_size,
                    "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "env": "mock (solo)",
                    "model": "SmolLM2-135M-Instruct", "engine_dtype": facts.get("engine_dtype"), "budget_s": args.budget_s},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": [round(x, 2) for x in load_before],
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu": cpu_model(), "loadavg_before": [round(x, 2) for x in load_before],
                     "loadavg_after_each_mode": facts["loadavg_after_each_mode"]},
         "overlap_ceiling_ratio": proj["versions_per_hour_ratio"] if proj else None,
         "setup_s": facts.get("setup_s"),

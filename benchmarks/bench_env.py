@@ -136,6 +136,8 @@ def free_port() -> int:
 
 
 def main() -> None:
+    from sinkflex.hardware import cpu_model
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--levels", default="1,16,64,256")
     p.add_argument("--steps", type=int, default=2000, help="steps per level (split over the sessions, >= 5 each)")
@@ -177,7 +179,7 @@ def main() -> None:
         "# Env service benchmark: step throughput and latency",
         "",
         f"`benchmarks/bench_env.py --levels {args.levels} --steps {args.steps}`, run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-        f" on {platform.machine()}, {os.cpu_count()} cores (shared with other jobs), Python {platform.python_version()}.",
+        f" on {cpu_model()}, {os.cpu_count()} cores (shared with other jobs), Python {platform.python_version()}.",
         "",
         "Each step is one tool call (`get_order_details`) on tau2's retail domain; no user LLM in the",
         "timed loop. Sessions run concurrently, each driven by its own client thread in a closed loop.",

