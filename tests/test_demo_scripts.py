@@ -16,6 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _default_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _is_warm_start(proc: psutil.Process) -> bool:
     try:
         return "sinkflex_rl.user_sim_warm_start" in proc.cmdline()
@@ -26,12 +31,12 @@ def _is_warm_start(proc: psutil.Process) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_to_demo_dual_stops_its_user_simulator_warm_start(tmp_path, sig):
     env = {**os.environ, "OUT": str(tmp_path / "run")}
-    # SIGINT as a terminal delivers it: a suite started in the background passes SIGINT down as
-    # ignored, and bash cannot trap a signal ignored when it started
+    # the signals as a terminal delivers them: a suite started in the background passes SIGINT down
+    # as ignored, one under nohup SIGHUP, and bash cannot trap a signal ignored when it started
     log = tmp_path / "demo-dual.log"  # a file, not a pipe: a child that outlived the script would hold a pipe open
     with log.open("wb") as out:
         script = subprocess.Popen([str(ROOT / "bin" / "demo-dual")], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                  preexec_fn=_default_signals)
     deadline = time.monotonic() + 120
     warm_start = None
     while warm_start is None and time.monotonic() < deadline and script.poll() is None:
