@@ -137,8 +137,15 @@ def _field_paths(schema: dict, max_depth: int = 6) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+#: a field whose value an error message does not repeat: it may hold a credential
+_SECRET_FIELD = re.compile(r"(^|_)(key|password|passwd|secret|token|credentials?|url|auth|acl)(_|$)", re.I)
+
+
 def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = None) -> str:
-    """One indented line per error of `err`: ``  dotted.path: message``; a rule between fields
+    """One indented line per error of `err`: ``  dotted.path: message``, with the value given when
+    it is a scalar (a string cut at 80 characters) of a field whose name does not suggest a
+    credential (key, password, secret, token, url, auth): ``  run.steps: Input should be greater
+    than or equal to 1 (got -1)``; a rule between fields
     (a model validator's ValueError, no location of its own) as its message alone, which names
     the fields. With `schema` (called once, only if needed: the config's JSON schema), an
     unknown field gets the closest known name at its place (`difflib.get_close_matches`):
@@ -164,11 +171,19 @@ def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = No
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.7)
         return f" (did you mean {close[0]!r}?)" if close else ""
 
+    def given(e) -> str:
+        value = e.get("input")
+        if e["type"] in ("extra_forbidden", "missing") or not (value is None or isinstance(value, (str, int, float))):
+            return ""
+        if any(_SECRET_FIELD.search(str(p)) for p in e["loc"]):  # an API key, a password, a URL with credentials
+            return ""
+        return f" (got {printable(_bounded(repr(value), 80))})"
+
     def line(e) -> str:
         where = ".".join(printable(_bounded(str(p), 80)) for p in e["loc"])
         if not where and e["type"] == "value_error":
             return "  " + _bounded(e["msg"].removeprefix("Value error, "), 500)
-        return f"  {where or '<root>'}: {_bounded(e['msg'], 500)}{hint(e)}"
+        return f"  {where or '<root>'}: {_bounded(e['msg'], 500)}{given(e)}{hint(e)}"
 
     errors = err.errors()
     lines = [line(e) for e in errors[:MAX_ERRORS_SHOWN]]
@@ -188,8 +203,11 @@ def _bounded(text: str, limit: int) -> str:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a mapping with a key twice is an error (PyYAML keeps the
-    last one silently; YAML 1.2 says keys are unique), and that ``1e-5`` is a float, as in YAML
-    1.2 (PyYAML follows YAML 1.1, which needs ``1.0e-5`` and reads ``1e-5`` as a string).
+    last one silently; YAML 1.2 says keys are unique), that ``1e-5`` is a float, as in YAML
+    1.2 (PyYAML follows YAML 1.1, which needs ``1.0e-5`` and reads ``1e-5`` as a string), and
+    that ``1:2`` is the string it looks like, as in YAML 1.2 (YAML 1.1 reads base-60 numbers:
+    ``1:2`` is 62, ``1:30.5`` is 90.5, so a core list or a time written that way would become
+    another number silently).
 
     Ours stays rather than ruamel.yaml: its 1.2 mode reads ``yes`` / ``off`` as strings and its
     1.1 mode reads ``y`` / ``n`` as booleans, so neither keeps the configs' meaning (PyYAML's 1.1
@@ -207,7 +225,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_UniqueKeyLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+#: YAML 1.1's int and float resolvers go (both read base 60: ``1:2``); ours below replace them
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"""^(?:[-+]?0b[0-1_]+
+                 |[-+]?0[0-7_]+
+                 |[-+]?(?:0|[1-9][0-9_]*)
+                 |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
+    list("-+0123456789"))
 _UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?

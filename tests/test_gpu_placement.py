@@ -410,6 +410,24 @@ def test_engine_cores_refuse_what_vllm_cannot_read(tmp_path, bind):
         load_train_config(ROOT / "configs" / "demo.yaml", [f"run.output_dir={tmp_path}", f"local.engine_cpu_threads_bind={bind!r}"])
 
 
+@pytest.mark.parametrize("field", ["engine_cpu_threads_bind", "user_sim_cpu_threads_bind"])
+def test_a_core_list_written_with_a_colon_is_refused_not_read_as_base_60(tmp_path, field):
+    """YAML 1.1 (PyYAML) reads an unquoted ``1:2`` as the number 62, which would pass the pattern
+    as core 62; the config loader reads it as the text it is (YAML 1.2), and the pattern refuses it."""
+    for source in ("file", "--set"):
+        path, overrides = tmp_path / f"{source}.yaml", []
+        if source == "file":
+            path.write_text(f"run:\n  output_dir: {tmp_path}\nlocal:\n  {field}: 1:2\n")
+        else:
+            path.write_text(f"run:\n  output_dir: {tmp_path}\n")
+            overrides.append(f"local.{field}=1:2")
+        with pytest.raises(ConfigError, match=rf"local.{field}: String should match pattern"):
+            load_train_config(path, overrides)  # as 62, it passed
+    from sinkflex.config import load_yaml
+
+    assert load_yaml("a: 1:2\nb: 1:30.5\nc: 12\nd: 0x1f\ne: 1e-5") == {"a": "1:2", "b": "1:30.5", "c": 12, "d": 31, "e": 1e-5}
+
+
 @pytest.mark.parametrize("bind, expected", [("0-3|4-7", "0-3|4-7"), ("nobind", "nobind"), ("1", "1")])
 def test_engine_cores_take_vllms_own_forms(tmp_path, bind, expected):
     cfg = load_train_config(ROOT / "configs" / "demo.yaml", [f"run.output_dir={tmp_path}", f"local.engine_cpu_threads_bind={bind}"])

@@ -304,6 +304,25 @@ def test_null_sections_non_mapping_sections_and_yaml_floats(tmp_path):
     assert cfg.section("learner_service")["optim"]["lr"] == 3e-5 and cfg.section("learner_service")["grpo"]["clip_eps_low"] == 0.1
 
 
+def test_an_error_names_the_value_given_unless_the_field_may_hold_a_credential():
+    """``run.steps: Input should be ... (got -1)``: the scalar that was refused, cut at 80 characters;
+    never the value of a key, password, token or URL field (it may be a credential)."""
+    demo = ROOT / "configs" / "demo.yaml"
+    for override, line in [
+        ("run.steps=-1", "  run.steps: Input should be greater than or equal to 1 (got -1)"),
+        ("rollout.temperature=hot", "  rollout.temperature: Input should be a valid number, unable to parse string as a number (got 'hot')"),
+        ("run.steps=null", "  run.steps: Input should be a valid integer (got None)"),
+        (f"rollout.temperature={'h' * 500}", f"  rollout.temperature: Input should be a valid number, unable to parse string as a number (got '{'h' * 50}"),
+        ("env_service.user_api_key=12345", "  env_service.user_api_key: Input should be a valid string"),
+        ("services.redis_url=12345", "  services.redis_url: Input should be a valid string"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            load_train_config(demo, [override])
+        got = str(err.value).splitlines()[1]
+        assert got.startswith(line) and len(got) < 250, (override, got)
+        assert "12345" not in got  # (the header repeats what --set said, as the user wrote it)
+
+
 def test_error_messages_are_bounded(tmp_path):
     """A config of junk gets a bounded message: at most MAX_ERRORS_SHOWN errors, long names cut."""
     from sinkflex.config import MAX_ERRORS_SHOWN
