@@ -22,6 +22,7 @@ in-process; writes a markdown table (default docs/bench_env.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -153,7 +154,7 @@ def main() -> None:
 
     results = {"tau2 in-process": bench("tau2 in-process", tau2_sessions, levels, args.steps)}
     local = LocalEnvClient(EnvServiceConfig(**SCRIPTED))
-    results["env core in-process"] = bench("env core in-process", lambda n: client_sessions(local, n), levels, args.steps)
+    results["env core in-process"] = bench("env core in-process", functools.partial(client_sessions, local), levels, args.steps)
     del local
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional

@@ -46,7 +46,6 @@ from tau2.agent.llm_agent import (
     AGENT_SOLO_INSTRUCTION,
     SYSTEM_PROMPT,
     SYSTEM_PROMPT_SOLO,
-    LLMSoloAgent,
 )
 from tau2.data_model.message import AssistantMessage
 from tau2.data_model.simulation import SimulationRun, TerminationReason

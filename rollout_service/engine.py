@@ -32,7 +32,6 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass

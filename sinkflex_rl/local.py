@@ -389,7 +389,7 @@ def write_demonstrations_for(cfg: TrainConfig, policy: str, addresses: dict[str,
     from tau2_adapter.generate_dual import golden_agent_turns
     from tau2_adapter.tasks import domain_tasks, golden_actions
 
-    t, w = cfg.task, cfg.warm_start
+    t = cfg.task
     task_set = domain_tasks(t.env, task_files)
     ids = warm_start_task_ids(cfg, t.task_ids or task_set.splits.get(t.train_split, []))
     if not ids:

@@ -5,7 +5,6 @@ that cover that fault (and the unbroken bookshop passes every check)."""
 from __future__ import annotations
 
 import importlib.util
-import threading
 import uuid
 from concurrent import futures
 from pathlib import Path

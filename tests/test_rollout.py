@@ -90,7 +90,7 @@ def test_group_lands_in_redis_with_token_level_invariants(rollout_stack, retail_
 def test_engine_logprobs_match_transformers_rescoring(smollm2_dir, retail_group, caplog):
     from transformers import AutoModelForCausalLM
 
-    from rollout_service.rescore import rescore, rescore_group, turn_mismatch
+    from rollout_service.rescore import rescore_group, turn_mismatch
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     caplog.set_level(logging.INFO, logger="rollout_service.rescore")

@@ -11,7 +11,6 @@ step does).
 from __future__ import annotations
 
 import pytest
-import torch
 
 from learner_service.trainer import Learner
 from tests.fixtures.learner import TINY_LLAMA, learner_config, make_group
