@@ -38,8 +38,8 @@ recover; every process a run started is killed at the end (by the pids it wrote)
     .venv/bin/python benchmarks/faults.py --campaigns quick --no-docs
 
 Writes the "Faults" section of docs/reliability.md and `faults` / `faults_detail` in
-docs/reliability.json (other keys and sections are kept). `tests/test_faults.py` runs one
-in-run recovery with this code.
+docs/reliability.json (other keys and sections are kept). `tests/test_train_e2e.py` runs one
+in-run recovery with this code (the reward service killed mid-rollout).
 """
 
 from __future__ import annotations
@@ -496,7 +496,7 @@ groups the controller recorded; trained: the buffer's trained-id set); **twice**
 learner steps (the learner's per-step group counts beyond the distinct trained ids); both are the campaign's (0 for a campaign is 0 for each of its
 faults). The policy version, its published folder and the last checkpoint agree at the end of
 every campaign that finished. A short version (one in-run recovery) runs in the suite:
-`tests/test_faults.py`.
+`tests/test_train_e2e.py` kills the reward service mid-rollout in its resumed launch.
 
 | process | action | moment | recovered in-run | in s | retried | groups lost | groups trained twice | campaign | evidence of the moment |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |

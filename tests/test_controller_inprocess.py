@@ -17,7 +17,7 @@ per-purpose breakdown) against clients from `sinkflex_rl.clients.connect`:
   advances the policy version, publishes it and pushes it to the rollout client (UpdateWeights),
   as `learner_service.loop` does. Its loss is a placeholder: the GRPO math, checkpoints and
   publishing are covered by test_grpo_loss, test_learner_step, test_golden_losses and, through
-  real processes, test_train_versions.
+  real processes, test_train_versions and test_train_e2e.
 """
 
 from __future__ import annotations
