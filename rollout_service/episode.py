@@ -38,6 +38,7 @@ import enum
 import json
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -321,6 +322,32 @@ async def _env_call(clock: _Clock, fn, request):
             raise _EnvFailure(str(err)) from err
 
 
+async def _reset_env(clock: _Clock, env, request: env_pb2.ResetRequest) -> env_pb2.ResetResponse:
+    """`_env_call(clock, env.reset, request)`, except when the episode is cancelled while it runs
+    (its client went away): the reset's thread cannot be stopped, so the session it opens is
+    closed once it returns instead of being left open on the env server."""
+    call = asyncio.ensure_future(_env_call(clock, env.reset, request))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        call.add_done_callback(lambda done: _close_opened(env, done))
+        raise
+
+
+def _close_opened(env, reset: asyncio.Future) -> None:
+    """Closes (in a thread: a blocking call) the session that a cancelled episode's `reset` opened."""
+    if reset.cancelled() or reset.exception() is not None or not reset.result().session_id:
+        return
+
+    def close(session_id: str) -> None:
+        try:
+            env.close(session_id)
+        except Exception as err:  # noqa: BLE001 - closed already, or the env server is gone: nothing to free
+            log.debug("closing session %s of a cancelled episode: %s", session_id, err)
+
+    threading.Thread(target=close, args=(reset.result().session_id,), name="close-cancelled-session", daemon=True).start()
+
+
 def _log_busy(state) -> None:
     log.debug("env server busy (%s); calling again in %.2f s (attempt %d)",
               state.outcome.exception(), state.next_action.sleep, state.attempt_number)
@@ -371,7 +398,7 @@ async def run_episode(generator: Generator, env, formatter: Formatter, spec: Epi
     try:
         if stopping():
             return _stopped_episode(trajectory_id, spec, start_version, clock, STOPPED_ERROR.format(turn=1))
-        reset = await _env_call(clock, env.reset, env_pb2.ResetRequest(
+        reset = await _reset_env(clock, env, env_pb2.ResetRequest(
             env=spec.env, task_id=spec.task_id, seed=spec.env_seed, solo_mode=spec.solo_mode,
             max_steps=spec.env_max_steps))
         session_id = reset.session_id

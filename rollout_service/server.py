@@ -16,6 +16,7 @@ size, tasks, turns, context) is INVALID_ARGUMENT naming the cap, before anything
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
@@ -100,13 +101,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if request.publish:
                 self.authz.check(context, PUBLISH)
             self._check_engine()
-            for group in self.worker.rollout(request):
+            for group in self.worker.rollout(request, on_end=context.add_callback):
                 if not context.is_active():
-                    log.warning("Rollout client went away; published groups stay in the buffer")
-                    return
+                    break
                 yield rollout_pb2.RolloutResponse(group=group)
         except ServiceError as err:
             context.abort(err.code, err.message)
+        except asyncio.CancelledError:
+            if context.is_active():  # not the client's cancellation
+                raise
+        if not context.is_active():
+            log.warning("Rollout client went away: its groups in flight were cancelled, none published; "
+                        "groups published before stay in the buffer")
 
     @abort_on_error
     def UpdateWeights(self, request, context):

@@ -10,13 +10,14 @@ lands inside it) unless it publishes training data and `weight_updates` is betwe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import queue
 import threading
 
 import grpc
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from rollout_service.agent import AgentLoop
 from rollout_service.config import RolloutConfig
@@ -167,14 +168,26 @@ class RolloutWorker:
                 self._buffer = TrajectoryBuffer(self.config.redis_url)
             return self._buffer
 
-    def rollout(self, request: rollout_pb2.RolloutRequest) -> Iterator[common_pb2.TrajectoryGroup]:
+    def rollout(self, request: rollout_pb2.RolloutRequest,
+                on_end: Callable[[Callable[[], Any]], Any] | None = None) -> Iterator[common_pb2.TrajectoryGroup]:
         """Runs `request` on the engine loop; yields each finished, scored group (from any thread).
+
+        Args:
+            on_end: registers a callback to call when the caller stops waiting (gRPC's
+                `ServicerContext.add_callback`: the RPC ended, cancelled by its client or past its
+                deadline). The groups still in flight are then cancelled: their episodes stop, their
+                env sessions are closed, and none of them is published (in synchronous training the
+                controller samples the step again, and a late group would arrive stale); groups
+                published before stay in the buffer. The generator then raises
+                `asyncio.CancelledError`.
 
         Raises:
             ServiceError INVALID_ARGUMENT: no env, no task ids, or group_size < 1.
             ServiceError NOT_FOUND: unknown env or task id.
             ServiceError FAILED_PRECONDITION: the env is routed to a reward service that does not
                 know it (or a task), or that does not answer.
+            ServiceError UNAVAILABLE: the engine stopped during the request.
+            asyncio.CancelledError: `on_end`'s callback cancelled the request.
         """
         if not request.env:
             raise invalid_argument("RolloutRequest.env is empty")
@@ -210,9 +223,18 @@ class RolloutWorker:
                 out.put(_DONE)
 
         fut = self.engine.submit(produce())
+        if on_end is not None:
+            on_end(fut.cancel)  # a no-op once every group was handed over
         try:
             while True:
-                item = out.get()
+                try:
+                    item = out.get(timeout=1.0)
+                except queue.Empty:
+                    if fut.cancelled():  # before `produce` ran: it hands nothing over
+                        raise asyncio.CancelledError() from None
+                    if not self.engine.loop.is_running():  # shut down: `produce` will never end
+                        raise ServiceError(grpc.StatusCode.UNAVAILABLE, "the engine stopped during the request") from None
+                    continue
                 if item is _DONE:
                     break
                 if isinstance(item, BaseException):

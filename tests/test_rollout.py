@@ -182,3 +182,37 @@ def test_user_simulator_endpoint_answers_litellm(user_sim_endpoint):
     text = resp.choices[0].message.content
     assert isinstance(text, str) and text.strip()
     assert resp.usage.completion_tokens <= 8
+
+
+def test_a_cancelled_rollout_stops_its_groups_and_publishes_none(rollout_stack):
+    """The client cancels a publishing Rollout while its groups are in flight (as the controller
+    does when it samples a step again after a service restart): the episodes stop, their env
+    sessions are closed, and no group of the request reaches the buffer, then or later."""
+    import time
+
+    from sinkflex.api.rollout.v1 import rollout_pb2_grpc
+
+    stack = rollout_stack
+    before = stack.buffer.stats().stream_length
+    tasks = stack.env.list_tasks("retail", "train")[:2]
+    request = rollout_pb2.RolloutRequest(env="retail", task_ids=tasks, group_size=2, publish=True, max_turns=2,
+                                         sampling=common_pb2.SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=11))
+    with grpc.insecure_channel(stack.address) as channel:
+        call = rollout_pb2_grpc.RolloutServiceStub(channel).Rollout(request)
+        deadline = time.monotonic() + 120
+        while not (stack.worker.loop.groups_in_flight and stack.env.core.num_sessions):  # episodes begun
+            assert time.monotonic() < deadline, "no episode in flight"
+            time.sleep(0.05)
+        call.cancel()
+
+        def wait_until_stopped(what: str) -> None:
+            t0 = time.monotonic()
+            while stack.worker.loop.groups_in_flight or stack.env.core.num_sessions:
+                assert time.monotonic() - t0 < 30, f"{what}: {stack.worker.loop.groups_in_flight} group(s) in flight, " \
+                                                   f"{stack.env.core.num_sessions} env session(s) open"
+                time.sleep(0.05)
+
+        wait_until_stopped("the cancelled request's groups went on")
+    time.sleep(5.0)  # longer than a turn: a group left running would be published by now
+    wait_until_stopped("a session of the cancelled request was left open")  # (a reset still running at the cancel)
+    assert stack.buffer.stats().stream_length == before, "a cancelled request published a group"
