@@ -137,8 +137,21 @@ def _field_paths(schema: dict, max_depth: int = 6) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-#: a field whose value an error message does not repeat: it may hold a credential
-_SECRET_FIELD = re.compile(r"(^|_)(key|password|passwd|secret|token|credentials?|url|auth|acl)(_|$)", re.I)
+#: a field whose value an error message does not repeat (its name's last part says it may hold a
+#: credential: api_key, redis_url, tracking_uri, password, auth_token, ...)
+_SECRET_FIELD = re.compile(r"(^|_)(key|password|passwd|secret|token|credentials?|url|uri|auth|acl)$", re.I)
+
+
+def secret_field(dotted: str) -> bool:
+    """True when a field on the dotted path `dotted` (``services.redis_url``) may hold a credential."""
+    return any(_SECRET_FIELD.search(part) for part in dotted.split("."))
+
+
+def _shown_assignment(assignment: str) -> str:
+    """A ``--set`` assignment as messages repeat it: the value hidden (``=<hidden>``) when the field
+    may hold a credential (`secret_field`), cut at 200 characters."""
+    key, sep, _ = assignment.partition("=")
+    return _bounded(f"{key}=<hidden>" if sep and secret_field(key.strip()) else assignment, 200)
 
 
 def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = None) -> str:
@@ -175,15 +188,16 @@ def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = No
         value = e.get("input")
         if e["type"] in ("extra_forbidden", "missing") or not (value is None or isinstance(value, (str, int, float))):
             return ""
-        if any(_SECRET_FIELD.search(str(p)) for p in e["loc"]):  # an API key, a password, a URL with credentials
+        if secret_field(".".join(map(str, e["loc"]))):  # an API key, a password, a URL with credentials
             return ""
         return f" (got {printable(_bounded(repr(value), 80))})"
 
     def line(e) -> str:
         where = ".".join(printable(_bounded(str(p), 80)) for p in e["loc"])
+        msg = printable(_bounded(e["msg"], 500))  # a validator's message may quote a name from the config as it is
         if not where and e["type"] == "value_error":
-            return "  " + _bounded(e["msg"].removeprefix("Value error, "), 500)
-        return f"  {where or '<root>'}: {_bounded(e['msg'], 500)}{given(e)}{hint(e)}"
+            return "  " + msg.removeprefix("Value error, ")
+        return f"  {where or '<root>'}: {msg}{given(e)}{hint(e)}"
 
     errors = err.errors()
     lines = [line(e) for e in errors[:MAX_ERRORS_SHOWN]]
@@ -339,17 +353,19 @@ def set_dotted(data: dict, assignment: str) -> dict:
             that goes through a value that is not a mapping; the message names the assignment.
     """
     key, sep, text = assignment.partition("=")
-    shown = _bounded(assignment, 200)  # what the errors echo: a value may be megabytes
+    shown = _shown_assignment(assignment)  # what the errors echo: a value may be megabytes, or a credential
     key = key.strip()
     parts = key.split(".")
+    secret = secret_field(key)
     if not sep or not key or any(not p for p in parts):
         raise ConfigError(f"--set {shown!r}: expected dotted.field=value, e.g. rollout.group_size=8")
     try:
         value = load_yaml(text) if text.strip() else None
     except RecursionError:
-        raise ConfigError(f"--set {assignment[:80]!r}: the value is nested too deeply") from None
+        raise ConfigError(f"--set {shown[:80]!r}: the value is nested too deeply") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"--set {shown!r}: the value is not valid YAML: {err}") from None
+        detail = "" if secret else f": {printable(_bounded(str(err), 500))}"
+        raise ConfigError(f"--set {shown!r}: the value is not valid YAML{detail}") from None
     out = dict(data)
     node = out
     for depth, part in enumerate(parts[:-1]):
@@ -358,7 +374,8 @@ def set_dotted(data: dict, assignment: str) -> dict:
             child = {}
         elif not isinstance(child, dict):
             where = ".".join(parts[: depth + 1])
-            raise ConfigError(f"--set {shown!r}: {where} is {repr(child)[:200]}, not a section with fields")
+            value = "set" if secret_field(where) else f"{printable(repr(child)[:200])}"
+            raise ConfigError(f"--set {shown!r}: {where} is {value}, not a section with fields")
         node[part] = dict(child)
         node = node[part]
     node[parts[-1]] = value
@@ -382,8 +399,8 @@ def load_config(path: str | Path, model: type[T], overrides: Sequence[str] = ())
 def describe_source(path: str | Path, overrides: Sequence[str] = ()) -> str:
     """How errors name a config: the file, then each override (``x.yaml --set a.b=1``), each
     cut at 200 characters and at most 20 of them (then how many more), control characters
-    escaped (`printable`)."""
-    shown = [printable(_bounded(f"--set {a}", 200)) for a in overrides[:20]]
+    escaped (`printable`), the value of a field that may hold a credential hidden."""
+    shown = [printable(f"--set {_shown_assignment(a)}") for a in overrides[:20]]
     more = [f"(and {len(overrides) - 20} more --set)"] if len(overrides) > 20 else []
     return " ".join([printable(_bounded(str(path), 500)), *shown, *more])
 

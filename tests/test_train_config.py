@@ -320,7 +320,28 @@ def test_an_error_names_the_value_given_unless_the_field_may_hold_a_credential()
             load_train_config(demo, [override])
         got = str(err.value).splitlines()[1]
         assert got.startswith(line) and len(got) < 250, (override, got)
-        assert "12345" not in got  # (the header repeats what --set said, as the user wrote it)
+        assert "12345" not in str(err.value)  # nor the header, which repeats the --set: "user_api_key=<hidden>"
+
+
+def test_a_credential_given_with_set_is_never_repeated_and_messages_stay_one_line_a_piece(tmp_path):
+    demo = ROOT / "configs" / "demo.yaml"
+    for override in ["logging.mlflow.tracking_uri=5", "services.redis_url=[redis://:hunter2@host", "env_service.user_api_key=[5"]:
+        with pytest.raises(ConfigError) as err:
+            load_train_config(demo, [override])
+        text = str(err.value)
+        assert override.partition("=")[0] + "=<hidden>" in text and override.partition("=")[2] not in text, text
+    with pytest.raises(ConfigError, match=r"\(got -5\)"):  # a token *id* is no credential
+        load_train_config(demo, ["learner_service.batch.pad_token_id=-5"])
+    secret = tmp_path / "secret.yaml"
+    secret.write_text('services:\n  redis_url: "redis://:FILE-SECRET@host:6379"\n')
+    with pytest.raises(ConfigError) as err:
+        load_train_config(secret, ["services.redis_url.db=1"])
+    assert "FILE-SECRET" not in str(err.value) and "services.redis_url is set, not a section" in str(err.value)
+    # a name from the file quoted in a validator's message cannot start a line of its own
+    forged = tmp_path / "forged.yaml"
+    forged.write_text('reward_service:\n  task_files: {"evil\\n  run.steps: fine\\u202e": [" "]}\n')
+    text = _load_error(forged)
+    assert len(text.splitlines()) == 2 and "evil\\n  run.steps: fine\\u202e" in text, text
 
 
 def test_error_messages_are_bounded(tmp_path):
