@@ -260,6 +260,20 @@ _UniqueKeyLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting every string that `load_yaml` would read as something else
+    (``"1e3"``, a float to `load_yaml` though not to PyYAML's own loader), so that what
+    `dump_yaml` writes, `load_yaml` reads back the same."""
+
+
+_Dumper.yaml_implicit_resolvers = _UniqueKeyLoader.yaml_implicit_resolvers
+
+
+def dump_yaml(data: Any, **kwargs: Any) -> str:
+    """`yaml.safe_dump(data, sort_keys=False, **kwargs)` that `load_yaml` reads back as `data`."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, **kwargs)
+
+
 #: The most values (mappings, lists and scalars, counted as often as aliases repeat them) a
 #: config document may expand to: far above any real config, far below what a "billion laughs"
 #: document of nested aliases expands to (one of 1 KB made `config show` take 6.6 GB in a minute).

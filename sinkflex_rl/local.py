@@ -30,9 +30,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
-
-from sinkflex.config import ConfigError
+from sinkflex.config import ConfigError, dump_yaml
 from sinkflex.models import resolve_model
 from sinkflex_rl.clients import Addresses
 from sinkflex_rl.config import (
@@ -61,7 +59,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 def _write(run_dir: Path, name: str, config) -> Path:
     path = run_dir / "configs" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    path.write_text(dump_yaml(config.model_dump(mode="json")))
     return path
 
 

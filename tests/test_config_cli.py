@@ -155,6 +155,17 @@ def test_config_show_prints_the_resolved_experiment_which_reloads_to_the_same_co
     assert load_train_config(again) == load_train_config(DEMO, ["rollout.group_size=4", "validation.trials=3"])
 
 
+@pytest.mark.parametrize("name", ["1e3", "1E5", "010", "yes", "0x1f", "1_000"])
+def test_config_show_quotes_a_string_the_loader_would_read_as_a_number(tmp_path, name):
+    """`run.name: "1e3"` is a string; written unquoted, the config loader (YAML 1.2 floats) would
+    read it back as 1000.0 and refuse it."""
+    result = _cli("config", "show", "-c", str(DEMO), "--set", f'run.name="{name}"')
+    assert result.exit_code == 0, result.output
+    again = tmp_path / "shown.yaml"
+    again.write_text(result.stdout)
+    assert load_train_config(again).run.name == name
+
+
 def test_config_show_with_local_gpus_reloads(tmp_path):
     """learner_procs left out stays unset in the shown file: the GPU split decides it again on load."""
     sets = ["local.gpus=[0,1,2]", "local.engine_gpus=1"]

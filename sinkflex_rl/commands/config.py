@@ -35,9 +35,7 @@ def show(
     addresses, the Redis URL) shown as <launch>. Exits 2 with the bad field named when the
     config or an override is invalid.
     """
-    import yaml
-
-    from sinkflex.config import ConfigError, describe_source
+    from sinkflex.config import ConfigError, describe_source, dump_yaml
     from sinkflex_rl.config import LAUNCH, load_train_config
 
     overrides = overrides or []
@@ -60,7 +58,7 @@ def show(
         header = (f"# {source}, resolved: the job sections with every default filled in; the service\n"
                   "# sections as written, merged at launch over what the job fills in (their resolved\n"
                   "# values: `sinkflex-rl config show --services`)\n")
-    typer.echo(header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True), nl=False)
+    typer.echo(header + dump_yaml(data, allow_unicode=True), nl=False)
 
 
 @app.command("schema")

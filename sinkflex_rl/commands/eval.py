@@ -120,14 +120,13 @@ def evaluate(
     experiment.yaml, or --config. Exits 2 on a bad config or policy, 3 when a launched service dies.
     """
 
-    import yaml
     from rich.console import Console
     from rich.table import Table
 
     from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs()
-    from sinkflex.config import ConfigError
+    from sinkflex.config import ConfigError, dump_yaml
     from sinkflex_rl.clients import connect
     from sinkflex_rl.config import load_train_config
     from sinkflex_rl.launcher import LocalLauncher, ServiceDied
@@ -170,7 +169,7 @@ def evaluate(
         fail(str(err), 2)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / EXPERIMENT_FILE).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+        (out / EXPERIMENT_FILE).write_text(dump_yaml(cfg.model_dump(mode="json"), allow_unicode=True))
     except OSError as err:  # a file in the way, a read-only or missing place: before anything starts
         from sinkflex_rl.commands.train import run_folder_error
 

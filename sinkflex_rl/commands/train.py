@@ -212,12 +212,11 @@ def run_folder_error(field: str, folder: Path, err: OSError) -> str:
 def write_experiment(run_dir: Path, cfg) -> Path:
     """Writes the resolved experiment (`config show`'s YAML: itself an experiment file) to
     ``<run_dir>/experiment.yaml``, the default config of `sinkflex-rl eval` for the run's policies."""
-    import yaml
-
+    from sinkflex.config import dump_yaml
     from sinkflex_rl.commands.eval import EXPERIMENT_FILE
 
     path = run_dir / EXPERIMENT_FILE
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+    path.write_text(dump_yaml(cfg.model_dump(mode="json"), allow_unicode=True))
     return path
 
 
