@@ -219,9 +219,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a mapping with a key twice is an error (PyYAML keeps the
     last one silently; YAML 1.2 says keys are unique), that ``1e-5`` is a float, as in YAML
     1.2 (PyYAML follows YAML 1.1, which needs ``1.0e-5`` and reads ``1e-5`` as a string), and
-    that ``1:2`` is the string it looks like, as in YAML 1.2 (YAML 1.1 reads base-60 numbers:
-    ``1:2`` is 62, ``1:30.5`` is 90.5, so a core list or a time written that way would become
-    another number silently).
+    that ``1:2`` is the string it looks like and ``010`` is 10, as in YAML 1.2 (YAML 1.1 reads
+    base-60 numbers, ``1:2`` is 62, and octal, ``010`` is 8: a core list written that way would
+    become other cores silently; its ``1_000`` and ``0b11`` are strings here).
 
     Ours stays rather than ruamel.yaml: its 1.2 mode reads ``yes`` / ``off`` as strings and its
     1.1 mode reads ``y`` / ``n`` as booleans, so neither keeps the configs' meaning (PyYAML's 1.1
@@ -239,17 +239,24 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-#: YAML 1.1's int and float resolvers go (both read base 60: ``1:2``); ours below replace them
+#: YAML 1.1's int and float resolvers go (both read base 60, ``1:2``; its ints read ``010`` as
+#: octal 8 and allow ``_``); ours below replace them with YAML 1.2's
 _UniqueKeyLoader.yaml_implicit_resolvers = {
     k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
     for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+#: YAML 1.2 core schema integers: decimal (``010`` is 10), ``0o`` octal, ``0x`` hexadecimal
 _UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"""^(?:[-+]?0b[0-1_]+
-                 |[-+]?0[0-7_]+
-                 |[-+]?(?:0|[1-9][0-9_]*)
-                 |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
-    list("-+0123456789"))
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789"))
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?

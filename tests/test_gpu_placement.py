@@ -413,7 +413,8 @@ def test_engine_cores_refuse_what_vllm_cannot_read(tmp_path, bind):
 @pytest.mark.parametrize("field", ["engine_cpu_threads_bind", "user_sim_cpu_threads_bind"])
 def test_a_core_list_written_with_a_colon_is_refused_not_read_as_base_60(tmp_path, field):
     """YAML 1.1 (PyYAML) reads an unquoted ``1:2`` as the number 62, which would pass the pattern
-    as core 62; the config loader reads it as the text it is (YAML 1.2), and the pattern refuses it."""
+    as core 62; the config loader reads it as the text it is (YAML 1.2), and the pattern refuses it.
+    Likewise ``010`` is core 10, not octal 8."""
     for source in ("file", "--set"):
         path, overrides = tmp_path / f"{source}.yaml", []
         if source == "file":
@@ -423,9 +424,14 @@ def test_a_core_list_written_with_a_colon_is_refused_not_read_as_base_60(tmp_pat
             overrides.append(f"local.{field}=1:2")
         with pytest.raises(ConfigError, match=rf"local.{field}: String should match pattern"):
             load_train_config(path, overrides)  # as 62, it passed
+    # YAML 1.1 reads "010" as octal 8: core 8, not core 10 (YAML 1.2, read here: 10)
+    path = tmp_path / "octal.yaml"
+    path.write_text(f"run:\n  output_dir: {tmp_path}\nlocal:\n  {field}: 010\n")
+    assert getattr(load_train_config(path).local, field) == "10"
     from sinkflex.config import load_yaml
 
-    assert load_yaml("a: 1:2\nb: 1:30.5\nc: 12\nd: 0x1f\ne: 1e-5") == {"a": "1:2", "b": "1:30.5", "c": 12, "d": 31, "e": 1e-5}
+    assert load_yaml("a: 1:2\nb: 1:30.5\nc: 12\nd: 0x1f\ne: 1e-5\nf: 010\ng: 0o17\nh: 1_000") == \
+        {"a": "1:2", "b": "1:30.5", "c": 12, "d": 31, "e": 1e-5, "f": 10, "g": 15, "h": "1_000"}
 
 
 @pytest.mark.parametrize("bind, expected", [("0-3|4-7", "0-3|4-7"), ("nobind", "nobind"), ("1", "1")])
