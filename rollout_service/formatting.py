@@ -357,7 +357,6 @@ class HarmonyFormatter:
         return list(self.enc.render_conversation_for_completion(Conversation.from_messages(msgs), Role.ASSISTANT))
 
     def suffix(self, env_messages, ended_turn: bool) -> list[int]:
-
         ids: list[int] = [] if ended_turn else self.enc.encode("<|end|>", allowed_special="all")
         for m in env_messages:
             for hm in self._to_harmony(m):

@@ -157,7 +157,7 @@ def _shown_assignment(assignment: str) -> str:
 def describe_errors(err: ValidationError, schema: Callable[[], dict] | None = None) -> str:
     """One indented line per error of `err`: ``  dotted.path: message``, with the value given when
     it is a scalar (a string cut at 80 characters) of a field whose name does not suggest a
-    credential (key, password, secret, token, url, auth): ``  run.steps: Input should be greater
+    credential (`secret_field`): ``  run.steps: Input should be greater
     than or equal to 1 (got -1)``; a rule between fields
     (a model validator's ValueError, no location of its own) as its message alone, which names
     the fields. With `schema` (called once, only if needed: the config's JSON schema), an
