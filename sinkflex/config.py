@@ -395,7 +395,7 @@ def set_dotted(data: dict, assignment: str) -> dict:
             child = {}
         elif not isinstance(child, dict):
             where = ".".join(parts[: depth + 1])
-            value = "set" if secret_field(where) else f"{printable(repr(child)[:200])}"
+            value = "set" if secret else printable(repr(child)[:200])  # `where` is on the assignment's path
             raise ConfigError(f"--set {shown!r}: {where} is {value}, not a section with fields")
         node[part] = dict(child)
         node = node[part]
