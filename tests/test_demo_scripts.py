@@ -51,3 +51,28 @@ def test_a_signal_to_demo_dual_stops_its_user_simulator_warm_start(tmp_path, sig
         if warm_start.is_running():
             warm_start.kill()
     assert not (tmp_path / "run" / "user-sim" / "user_sim_warm_start.json").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--set", "run.steps=abc"], "run.steps: Input should be a valid integer"),
+    (["--steps", "0"], "run.steps: Input should be greater than or equal to 1 (got 0)"),
+    (["--set", "no_such_section.x=1"], "no_such_section: Extra inputs are not permitted"),
+], ids=["set", "steps", "unknown"])
+def test_demo_dual_refuses_a_bad_train_argument_before_its_user_simulator_warm_start(tmp_path, args, says):
+    """The arguments bin/demo-dual passes to `sinkflex-rl train` are checked (`config show`, with
+    train's --steps and --output-dir) before the minutes of the user-simulator warm start: exit 2,
+    the field named, nothing written."""
+    out = tmp_path / "run"
+    r = subprocess.run([str(ROOT / "bin" / "demo-dual"), *args], cwd=ROOT, env={**os.environ, "OUT": str(out)},
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert says in r.stderr, r.stderr[-2000:]
+    assert "warm start" not in r.stdout + r.stderr and not out.exists()
+
+
+def test_demo_dual_refuses_an_output_folder_it_cannot_create(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = subprocess.run([str(ROOT / "bin" / "demo-dual")], cwd=ROOT, env={**os.environ, "OUT": str(blocker / "run")},
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 2 and f"cannot create the output folder OUT={blocker / 'run'}" in r.stderr, r.stderr[-2000:]

@@ -23,6 +23,8 @@ def show(
     overrides: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP, metavar="FIELD=VALUE"),
     services: bool = typer.Option(False, "--services",
                                   help="print each launched service's own resolved config instead"),
+    steps: Optional[int] = typer.Option(None, help="override run.steps (as `train --steps`, applied last)"),
+    output_dir: Optional[str] = typer.Option(None, help="override run.output_dir (as `train --output-dir`, applied last)"),
 ) -> None:
     """Prints the resolved experiment as YAML, as `train` would run it.
 
@@ -33,12 +35,17 @@ def show(
     With --services: the config each locally launched service would get (what `train` writes to
     <run dir>/configs/<service>.yaml), with the values known only at launch (model folders,
     addresses, the Redis URL) shown as <launch>. Exits 2 with the bad field named when the
-    config or an override is invalid.
+    config or an override is invalid. --steps and --output-dir are `train`'s, so `train`'s own
+    arguments check a run before it starts (bin/demo-dual does, before its user-simulator warm start).
     """
     from sinkflex.config import ConfigError, describe_source, dump_yaml
     from sinkflex_rl.config import LAUNCH, load_train_config
 
-    overrides = overrides or []
+    overrides = list(overrides or [])
+    if steps is not None:  # as `train` applies them: last, run.output_dir as a YAML string
+        overrides.append(f"run.steps={steps}")
+    if output_dir is not None:
+        overrides.append("run.output_dir=" + json.dumps(output_dir))
     try:
         cfg = load_train_config(config, overrides)
         if services:
