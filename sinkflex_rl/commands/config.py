@@ -41,11 +41,9 @@ def show(
     from sinkflex.config import ConfigError, describe_source, dump_yaml
     from sinkflex_rl.config import LAUNCH, load_train_config
 
-    overrides = list(overrides or [])
-    if steps is not None:  # as `train` applies them: last, run.output_dir as a YAML string
-        overrides.append(f"run.steps={steps}")
-    if output_dir is not None:
-        overrides.append("run.output_dir=" + json.dumps(output_dir))
+    from sinkflex_rl.commands.train import train_overrides
+
+    overrides = train_overrides(overrides, steps, output_dir)
     try:
         cfg = load_train_config(config, overrides)
         if services:

@@ -126,9 +126,10 @@ def evaluate(
     from tau2_adapter.logs import quiet_tau2_logs
 
     quiet_tau2_logs()
-    from sinkflex.config import ConfigError, dump_yaml
+    from sinkflex.config import ConfigError
     from sinkflex_rl.clients import connect
     from sinkflex_rl.config import load_train_config
+    from sinkflex_rl.commands.train import run_folder_error, write_experiment
     from sinkflex_rl.launcher import LocalLauncher, ServiceDied
     from sinkflex_rl.local import external_addresses, launch_local, wait_for_running_services
 
@@ -169,10 +170,8 @@ def evaluate(
         fail(str(err), 2)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / EXPERIMENT_FILE).write_text(dump_yaml(cfg.model_dump(mode="json"), allow_unicode=True))
+        write_experiment(out, cfg)
     except OSError as err:  # a file in the way, a read-only or missing place: before anything starts
-        from sinkflex_rl.commands.train import run_folder_error
-
         fail(run_folder_error("--output-dir", out, err).replace("(--output-dir DIR)", "(-o DIR)"), 2)
     t0 = time.time()
     with LocalLauncher(out) as launcher:

@@ -73,12 +73,7 @@ def train(
     def fail(text: str, style: str = "red") -> None:  # as written: no rich markup, no wrapping
         errors.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
     try:
-        sets = list(overrides or [])
-        if steps is not None:
-            sets.append(f"run.steps={steps}")
-        if output_dir is not None:  # a YAML string whatever it looks like
-            sets.append("run.output_dir=" + json.dumps(output_dir))
-        cfg = load_train_config(config, sets)
+        cfg = load_train_config(config, train_overrides(overrides, steps, output_dir))
     except ConfigError as err:
         fail(str(err))
         raise typer.Exit(2) from None
@@ -197,6 +192,17 @@ def train(
     console.print(f"run folder: {run_dir}  plots: {', '.join(p.name for p in plots)}")
     if interrupted:
         raise typer.Exit(130)
+
+
+def train_overrides(overrides: Optional[list[str]], steps: Optional[int], output_dir: Optional[str]) -> list[str]:
+    """`train`'s --set assignments with its --steps and --output-dir after them (applied last;
+    the output folder as a YAML string whatever it looks like)."""
+    sets = list(overrides or [])
+    if steps is not None:
+        sets.append(f"run.steps={steps}")
+    if output_dir is not None:
+        sets.append("run.output_dir=" + json.dumps(output_dir))
+    return sets
 
 
 def run_folder_error(field: str, folder: Path, err: OSError) -> str:
